@@ -1,0 +1,24 @@
+"""Gateway settings (CLI flags and the trainer's YAML both end up here)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    database: str = "turnstile.db"  # a file path (SQLite) or a SQLAlchemy URL
+    admin_key: str | None = field(
+        default_factory=lambda: os.environ.get("TURNSTILE_ADMIN_KEY") or None
+    )
+    engine: str = "embedded"  # embedded | fake
+    model: str | None = None  # None = bundled SmolLM2-135M-Instruct; or a local HF folder
+    served_model_name: str = "default"
+    device: str = "cpu"
+    max_batch_size: int = 32
+    default_max_tokens: int = 512
+    session_ttl_s: float = 24 * 3600
+    request_timeout_s: float = 600.0

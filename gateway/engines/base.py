@@ -1,0 +1,106 @@
+"""The one interface every inference engine implements.
+
+The gateway speaks token ids to engines, never text: what an engine returns is exactly
+what the trainer will later learn from.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request (dead, overloaded, or refused it)."""
+
+
+class ContextLengthExceeded(ValueError):
+    """The prompt plus the requested completion does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, max_context: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_context} tokens, "
+            f"but the prompt has {prompt_tokens} tokens."
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class TokenChunk:
+    """Tokens produced by one engine step for one request (used for streaming)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    # Seconds spent queued before the first engine step, and generating.
+    queue_s: float = 0.0
+    gen_s: float = 0.0
+
+
+class InferenceEngine(abc.ABC):
+    """Async token-in/token-out generation with versioned weights."""
+
+    name: str = "engine"
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Policy version of the weights currently serving."""
+
+    @property
+    @abc.abstractmethod
+    def max_context(self) -> int:
+        """Largest prompt + completion length, in tokens."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Load weights / open connections; called once by the gateway on startup."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; called once on shutdown."""
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Generate one completion for a prompt given as token ids."""
+
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """Yield chunks as tokens are made, then the final result.
+
+        Engines that cannot stream fall back to one chunk at the end.
+        """
+        result = await self.generate(prompt_ids, params)
+        yield TokenChunk(result.output_ids, result.logprobs, result.versions)
+        yield result
+
+    @abc.abstractmethod
+    async def health(self) -> bool:
+        """True when the engine can take requests."""
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Raise if the prompt cannot fit; return the max new tokens that do fit."""
+        if prompt_len >= self.max_context:
+            raise ContextLengthExceeded(prompt_len, self.max_context)
+        return min(max_new_tokens, self.max_context - prompt_len)

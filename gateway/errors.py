@@ -1,0 +1,115 @@
+"""OpenAI-shaped errors: every failure answers `{"error": {message, type, param, code}}`."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    410: "session_ended",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        # Tell OpenAI SDKs not to retry what a retry cannot fix.
+        self.retryable = retryable if retryable is not None else status in (429, 503)
+
+
+def error_body(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    headers = {"x-should-retry": "true" if exc.retryable else "false"}
+    return JSONResponse(
+        error_body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=headers
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+        param = ".".join(loc) or None
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            msg, param = "Request body is not valid JSON.", None
+        return error_response(
+            APIError(
+                400,
+                f"{msg}" + (f" (at {param})" if param else ""),
+                code="invalid_request",
+                param=param,
+            )
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(exc.status_code, str(exc.detail), code=None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(
+            APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+        )
+
+
+def check_finite(value: float, param: str) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise APIError(
+            400,
+            f"{param} must be a finite number, got {value!r}",
+            code="invalid_reward",
+            param=param,
+        )
+    return float(value)

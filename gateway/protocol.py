@@ -1,0 +1,65 @@
+"""Request bodies of the OpenAI routes and of our own REST API.
+
+Unknown OpenAI fields (`store`, `metadata`, `user`, ...) are accepted and ignored, as
+real agent frameworks send plenty of them. Response bodies use the `openai` package's
+own types (see serving_chat.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "default"
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_have_roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in ("system", "developer", "user", "assistant", "tool", "function"):
+                raise ValueError(
+                    f"messages[{i}].role must be system/user/assistant/tool, got {role!r}"
+                )
+        return messages
+
+
+class CreateSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_seconds: float = Field(default=24 * 3600, gt=0, le=30 * 24 * 3600)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardRequest(BaseModel):
+    """Either one `completion_id` + `reward`, or a `rewards` map of several."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completion_id: str | None = None
+    reward: float | int | bool | None = None
+    rewards: dict[str, float | int | bool] | None = None
+
+    def as_map(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.rewards or {})
+        if self.completion_id is not None:
+            out[self.completion_id] = self.reward
+        return out

@@ -1,0 +1,54 @@
+"""Everything a request handler needs, built once per app and shared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from gateway.auth import Caller, KeyRing
+from gateway.chat_template import ChatRenderer
+from gateway.config import GatewayConfig
+from gateway.engines.base import InferenceEngine
+from gateway.metrics import Metrics
+from gateway.serving_chat import ChatService
+from gateway.store.recorder import Recorder
+from gateway.store.repository import Repository
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    engine: InferenceEngine
+    renderer: ChatRenderer
+    repo: Repository
+    recorder: Recorder
+    keys: KeyRing
+    metrics: Metrics
+    chat: ChatService
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+# FastAPI dependencies: who is calling, and may they.
+def session_caller(request: Request) -> Caller:
+    """A live session's key (for the OpenAI routes)."""
+    return get_state(request).keys.resolve(request, allow_admin=False)
+
+
+def any_caller(request: Request) -> Caller:
+    """The admin, or a session key (ended sessions may still read and reward)."""
+    return get_state(request).keys.resolve(request, allow_admin=True, allow_ended=True)
+
+
+def admin_caller(request: Request) -> Caller:
+    from gateway.errors import APIError
+
+    caller = get_state(request).keys.resolve(request, allow_admin=True, allow_ended=True)
+    if not caller.is_admin:
+        raise APIError(
+            403, "This endpoint needs the admin key.", code="admin_key_required", retryable=False
+        )
+    return caller

@@ -1,0 +1,96 @@
+"""Batched, durable writes of completion records.
+
+A request's reply waits for the commit that holds its record, but many requests share
+one commit: a writer thread drains whatever is queued and inserts it in one
+transaction. That keeps "a 200 means it is on disk" without one fsync per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any
+
+from sqlalchemy import Engine, insert
+
+from gateway.store.schema import CompletionRow
+
+log = logging.getLogger(__name__)
+
+_Item = tuple[dict[str, Any], asyncio.AbstractEventLoop, asyncio.Future[None]]
+
+
+class RecordError(RuntimeError):
+    """The record could not be committed; the client must not get a 200."""
+
+
+class Recorder:
+    def __init__(self, engine: Engine, max_batch: int = 256) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.committed = 0
+        self.batches = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="recorder", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    async def record(self, row: dict[str, Any]) -> None:
+        """Return once `row` is committed; raise RecordError if it could not be."""
+        if self._thread is None:
+            raise RecordError("recorder is not running")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.put((row, loop, fut))
+        await fut
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Item]) -> None:
+        error: BaseException | None = None
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(CompletionRow), [row for row, _, _ in batch])
+            self.committed += len(batch)
+            self.batches += 1
+        except Exception as exc:  # report to every waiter; keep the thread alive
+            log.exception("commit of %d completion records failed", len(batch))
+            error = exc
+        for _, loop, fut in batch:
+            loop.call_soon_threadsafe(_settle, fut, error)
+
+
+def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(RecordError(f"could not record completion: {error}"))

@@ -1,0 +1,198 @@
+"""Reads and small writes of sessions, completions and rewards.
+
+Completion inserts go through the batched Recorder; everything here is the slower,
+rarer path (session admin, rewards, reading back).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, func, select, update
+
+from gateway.store.codec import unpack_floats, unpack_ints
+from gateway.store.schema import CompletionRow, SessionRow
+
+
+@dataclass(slots=True, frozen=True)
+class SessionInfo:
+    id: str
+    expires_at: float
+    ended_at: float | None
+    meta: dict[str, Any]
+    created_at: float
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at is not None
+
+    def expired(self, now: float | None = None) -> bool:
+        return (now or time.time()) >= self.expires_at
+
+
+class Repository:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ---- sessions --------------------------------------------------------------------
+    def create_session(
+        self, session_id: str, key_hash: str, ttl_s: float, meta: dict[str, Any]
+    ) -> SessionInfo:
+        now = time.time()
+        row = dict(
+            id=session_id,
+            key_hash=key_hash,
+            created_at=now,
+            expires_at=now + ttl_s,
+            ended_at=None,
+            metadata=meta,
+        )
+        with self.engine.begin() as conn:
+            conn.execute(SessionRow.__table__.insert(), [row])
+        return SessionInfo(session_id, now + ttl_s, None, meta, now)
+
+    def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
+        table = SessionRow.__table__
+        with self.engine.connect() as conn:
+            row = conn.execute(select(table).where(table.c.key_hash == key_hash)).first()
+        return None if row is None else _row_info(row)
+
+    def session(self, session_id: str) -> SessionInfo | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(SessionRow.__table__).where(SessionRow.__table__.c.id == session_id)
+            ).first()
+        return None if row is None else _row_info(row)
+
+    def end_session(self, session_id: str) -> SessionInfo | None:
+        now = time.time()
+        table = SessionRow.__table__
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(table)
+                .where(table.c.id == session_id, table.c.ended_at.is_(None))
+                .values(ended_at=now)
+            )
+        return self.session(session_id)
+
+    def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        s, c = SessionRow.__table__, CompletionRow.__table__
+        counts = (
+            select(
+                c.c.session_id, func.count().label("n"), func.count(c.c.reward).label("rewarded")
+            )
+            .group_by(c.c.session_id)
+            .subquery()
+        )
+        q = (
+            select(
+                s.c.id,
+                s.c.created_at,
+                s.c.expires_at,
+                s.c.ended_at,
+                s.c.metadata,
+                counts.c.n,
+                counts.c.rewarded,
+            )
+            .outerjoin(counts, counts.c.session_id == s.c.id)
+            .order_by(s.c.created_at.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        return [
+            dict(
+                id=r.id,
+                created_at=r.created_at,
+                expires_at=r.expires_at,
+                ended_at=r.ended_at,
+                metadata=r.metadata,
+                num_completions=r.n or 0,
+                num_rewarded=r.rewarded or 0,
+            )
+            for r in rows
+        ]
+
+    # ---- completions -----------------------------------------------------------------
+    def completions(self, session_id: str) -> list[dict[str, Any]]:
+        c = CompletionRow.__table__
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(c).where(c.c.session_id == session_id).order_by(c.c.created_at, c.c.id)
+            ).all()
+        return [completion_dict(r._mapping) for r in rows]
+
+    def completion_owner(self, completion_ids: list[str]) -> dict[str, str]:
+        c = CompletionRow.__table__
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(c.c.id, c.c.session_id).where(c.c.id.in_(completion_ids))
+            ).all()
+        return {r.id: r.session_id for r in rows}
+
+    def find_parent(
+        self, session_id: str, prefix_hashes: list[str]
+    ) -> tuple[str, bytes, bytes] | None:
+        """Latest completion of the session whose (messages + answer) hash is in the list.
+
+        The list is ordered longest prefix first; the longest match wins.
+        """
+        if not prefix_hashes:
+            return None
+        c = CompletionRow.__table__
+        q = select(c.c.id, c.c.prefix_hash, c.c.prompt_ids, c.c.output_ids, c.c.created_at).where(
+            c.c.session_id == session_id, c.c.prefix_hash.in_(prefix_hashes)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        if not rows:
+            return None
+        rank = {h: i for i, h in enumerate(prefix_hashes)}
+        best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
+        return best.id, best.prompt_ids, best.output_ids
+
+    # ---- rewards ---------------------------------------------------------------------
+    def set_rewards(self, rewards: dict[str, float]) -> int:
+        """Upsert rewards by completion id (the same call twice leaves the same state)."""
+        c = CompletionRow.__table__
+        now = time.time()
+        with self.engine.begin() as conn:
+            for cid, value in rewards.items():
+                conn.execute(
+                    update(c).where(c.c.id == cid).values(reward=float(value), reward_at=now)
+                )
+        return len(rewards)
+
+
+def _row_info(row: Any) -> SessionInfo:
+    m = row._mapping
+    return SessionInfo(
+        m["id"], m["expires_at"], m["ended_at"], dict(m["metadata"] or {}), m["created_at"]
+    )
+
+
+def completion_dict(m: Any) -> dict[str, Any]:
+    """A completion row as plain JSON-able data, token arrays decoded."""
+    return dict(
+        id=m["id"],
+        session_id=m["session_id"],
+        parent_id=m["parent_id"],
+        created_at=m["created_at"],
+        endpoint=m["endpoint"],
+        model=m["model"],
+        request=m["request"],
+        response=m["response"],
+        prompt_ids=unpack_ints(m["prompt_ids"]),
+        output_ids=unpack_ints(m["output_ids"]),
+        output_logprobs=unpack_floats(m["output_logprobs"]),
+        output_versions=unpack_ints(m["output_versions"]),
+        finish_reason=m["finish_reason"],
+        prompt_tokens=m["prompt_tokens"],
+        completion_tokens=m["completion_tokens"],
+        tokens_continue_parent=m["tokens_continue_parent"],
+        timings=dict(queue_s=m["queue_s"], gen_s=m["gen_s"], total_s=m["total_s"]),
+        reward=m["reward"],
+    )

@@ -1,0 +1,56 @@
+"""Tables. Any change here needs a new migration in migrations/versions/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+
+
+class CompletionRow(Base):
+    __tablename__ = "completions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    parent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    endpoint: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    # messages, tools and sampling params as the client sent them
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the assistant message we answered with
+    response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    output_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    output_versions: Mapped[bytes] = mapped_column(LargeBinary)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    # hash of (request messages + answer): the key a later turn's prefix is looked up by
+    prefix_hash: Mapped[str] = mapped_column(String(64))
+    # does this prompt's token sequence start with parent's prompt + output tokens?
+    tokens_continue_parent: Mapped[bool | None] = mapped_column(nullable=True)
+    queue_s: Mapped[float] = mapped_column(Float, default=0.0)
+    gen_s: Mapped[float] = mapped_column(Float, default=0.0)
+    total_s: Mapped[float] = mapped_column(Float, default=0.0)
+    reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reward_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (Index("ix_completions_session_prefix", "session_id", "prefix_hash"),)
