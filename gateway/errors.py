@@ -105,7 +105,11 @@ def install_error_handlers(app: FastAPI) -> None:
 def check_finite(value: float, param: str) -> float:
     if isinstance(value, bool):
         return float(value)
-    if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+    try:
+        finite = isinstance(value, (int, float)) and math.isfinite(float(value))
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
         raise APIError(
             400,
             f"{param} must be a finite number, got {value!r}",

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -49,14 +57,18 @@ class CreateSessionRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+# Strict: a JSON string such as "0.5" is a client bug, not a reward.
+RewardValue = StrictFloat | StrictInt | StrictBool
+
+
 class RewardRequest(BaseModel):
     """Either one `completion_id` + `reward`, or a `rewards` map of several."""
 
     model_config = ConfigDict(extra="forbid")
 
     completion_id: str | None = None
-    reward: float | int | bool | None = None
-    rewards: dict[str, float | int | bool] | None = None
+    reward: RewardValue | None = None
+    rewards: dict[str, RewardValue] | None = None
 
     def as_map(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.rewards or {})

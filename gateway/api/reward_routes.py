@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from gateway.auth import Caller
 from gateway.errors import APIError, check_finite
-from gateway.protocol import RewardRequest
+from gateway.protocol import RewardRequest, RewardValue
 from gateway.state import GatewayState, any_caller, get_state
 
 router = APIRouter(prefix="/v1", tags=["rewards"])
@@ -61,6 +61,6 @@ async def put_reward(
     completion_id: str,
     state: State,
     caller: Annotated[Caller, Depends(any_caller)],
-    reward: Annotated[float | int | bool, Body(embed=True)],
+    reward: Annotated[RewardValue, Body(embed=True)],
 ) -> dict[str, Any]:
     return await _apply(state, caller, {completion_id: reward})

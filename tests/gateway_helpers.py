@@ -1,0 +1,72 @@
+"""Helpers shared by the gateway tests (plain functions; fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+
+from gateway.server import BackgroundGateway
+
+ADMIN_KEY = "admin-test"
+FAKE_REPLY = "The answer is 4."
+HTTP_TIMEOUT = 120.0
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _no_traceback(response: httpx.Response) -> None:
+    """Every body the gateway sends is checked: a stack trace must never leak."""
+    response.read()
+    assert "Traceback" not in response.text, response.text
+
+
+def http_client() -> httpx.Client:
+    return httpx.Client(timeout=HTTP_TIMEOUT, event_hooks={"response": [_no_traceback]})
+
+
+def assert_error_shape(response: httpx.Response, status: int | tuple[int, ...]) -> dict[str, Any]:
+    """The OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
+    statuses = (status,) if isinstance(status, int) else status
+    assert response.status_code in statuses, (response.status_code, response.text)
+    body = response.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["type"], str) and err["type"]
+    assert "Traceback" not in response.text
+    return err
+
+
+def create_session(base_url: str, **body: Any) -> tuple[str, str]:
+    """Create a session with the admin key; return (session_id, api_key)."""
+    with http_client() as client:
+        r = client.post(f"{base_url}/sessions", headers=admin_headers(), json=body)
+    assert r.status_code == 201, r.text
+    data = r.json()
+    return data["id"], data["api_key"]
+
+
+def openai_client(gateway: BackgroundGateway, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=120)
+
+
+def read_session(gateway: BackgroundGateway, session_id: str) -> dict[str, Any]:
+    with http_client() as client:
+        r = client.get(f"{gateway.url}/sessions/{session_id}", headers=admin_headers())
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def completion_record(gateway: BackgroundGateway, session_id: str, cid: str) -> dict[str, Any]:
+    by_id = {c["id"]: c for c in read_session(gateway, session_id)["completions"]}
+    assert cid in by_id, f"completion {cid} was not recorded"
+    return by_id[cid]

@@ -1,0 +1,140 @@
+"""Training configuration: a YAML file plus `key.sub=value` overrides from the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class AgentConfig:
+    mode: str = "inline"  # inline | subproc (subproc: later)
+    turn_discount: float = 1.0
+    export_style: str = "individual"
+
+
+@dataclass
+class RolloutConfig:
+    batch_size: int = 4  # prompts per training step
+    group_size: int = 8  # agent runs per prompt (the GRPO group)
+    max_concurrent: int = 64  # agent runs in flight at once
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+
+@dataclass
+class GatewaySection:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port
+    database: str | None = None  # default: <run_dir>/sessions.db
+    max_batch_size: int = 64
+    default_max_tokens: int = 256
+    admin_key: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    algorithm: str = "grpo"  # grpo | reinforce
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    eps_clip: float = 0.2
+    zero_stage: int = 0
+    micro_batch_tokens: int = 4096
+    adv_norm: str = "group"  # group | batch | none
+    warmup_steps: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    experiment_name: str = "turnstile"
+    run_dir: str = "runs/turnstile"
+    seed: int = 1
+    model: str | None = None  # None = bundled SmolLM2-135M-Instruct; or a local HF folder
+    device: str = "cpu"
+    total_steps: int = 10
+    workflow: str | None = None  # "module.Class" or "path/file.py:Class"
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(
+        default_factory=lambda: {"type": "arithmetic", "size": 256, "seed": 0}
+    )
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    gateway: GatewaySection = field(default_factory=GatewaySection)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    save_every: int = 0  # 0 = only at the end
+    log_every: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {where or 'config'}; known: {sorted(known)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        f = known[name]
+        sub = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None  # type: ignore[arg-type]
+        if sub is not None and dataclasses.is_dataclass(sub):
+            kwargs[name] = _build(sub, value or {}, f"{where}.{name}".strip("."))
+        elif name == "betas" and isinstance(value, list):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = _coerce(value, f.default, f"{where}.{name}".strip("."))
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    """YAML reads `2e-6` as a string; numbers go by the type of the field's default."""
+    if isinstance(default, bool) or default is None or value is None:
+        return value
+    if isinstance(default, (int, float)) and isinstance(value, str):
+        try:
+            return type(default)(float(value)) if isinstance(default, float) else int(value)
+        except ValueError:
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if isinstance(default, float) and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.sub=value")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: list[str] | None = None
+) -> TrainerConfig:
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        data = yaml.safe_load(p.read_text()) or {}
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = value
+    return _build(TrainerConfig, data, "")

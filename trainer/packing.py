@@ -1,0 +1,106 @@
+"""Packing variable-length samples into 1-D micro-batches, with no padding.
+
+Sequences sit end to end; `position_ids` restart at 0 for each, which is how the
+model's attention mask keeps them apart. Every per-token array is aligned to
+`input_ids`: entry j describes token j (its loss mask, behaviour logprob, advantage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (1, T) long
+    position_ids: torch.Tensor  # (1, T) long
+    loss_mask: torch.Tensor  # (T,) float; 0 for prompt tokens and sequence starts
+    old_logprobs: torch.Tensor  # (T,) behaviour-policy logprob of token j
+    advantages: torch.Tensor  # (T,)
+    versions: torch.Tensor  # (T,) long; -1 where not generated
+    num_seqs: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+def pack(
+    samples: list[dict[str, Any]], advantages: list[float], max_tokens: int
+) -> list[PackedBatch]:
+    """Greedy first-fit by length; a sample longer than `max_tokens` gets a batch of its own."""
+    if len(samples) != len(advantages):
+        raise ValueError("one advantage per sample")
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["input_ids"]))
+    bins: list[list[int]] = []
+    sizes: list[int] = []
+    for i in order:
+        n = len(samples[i]["input_ids"])
+        for b, size in enumerate(sizes):
+            if size + n <= max_tokens:
+                bins[b].append(i)
+                sizes[b] += n
+                break
+        else:
+            bins.append([i])
+            sizes.append(n)
+    return [_build(samples, advantages, idx) for idx in bins]
+
+
+def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int]) -> PackedBatch:
+    ids: list[int] = []
+    pos: list[int] = []
+    mask: list[float] = []
+    old: list[float] = []
+    adv: list[float] = []
+    ver: list[int] = []
+    for i in idx:
+        s = samples[i]
+        n = len(s["input_ids"])
+        ids += s["input_ids"]
+        pos += range(n)
+        m = [float(x) for x in s["loss_mask"]]
+        m[0] = 0.0  # nothing predicts a sequence's first token
+        mask += m
+        old += s["logprobs"]
+        adv += [advantages[i]] * n
+        ver += s["versions"]
+    return PackedBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        position_ids=torch.tensor([pos], dtype=torch.long),
+        loss_mask=torch.tensor(mask, dtype=torch.float32),
+        old_logprobs=torch.tensor(old, dtype=torch.float32),
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        versions=torch.tensor(ver, dtype=torch.long),
+        num_seqs=len(idx),
+    )
+
+
+def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Logprob of every token j under `model` (0 where loss_mask is 0), shape (T,).
+
+    Only positions whose next token is trained are sent through the LM head: the
+    prompt tokens' logits are never materialised.
+    """
+    device = next(model.parameters()).device
+    targets = torch.nonzero(batch.loss_mask > 0, as_tuple=True)[0]
+    out = torch.zeros(batch.num_tokens, dtype=torch.float32, device=device)
+    if targets.numel() == 0:
+        return out
+    keep = (targets - 1).to(device)
+    logits = (
+        model(
+            input_ids=batch.input_ids.to(device),
+            position_ids=batch.position_ids.to(device),
+            logits_to_keep=keep,
+            use_cache=False,
+        )
+        .logits[0]
+        .float()
+    )
+    tgt_ids = batch.input_ids[0, targets].to(device)
+    picked = logits.gather(-1, tgt_ids[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return out.index_put((targets.to(device),), picked)

@@ -1,0 +1,145 @@
+"""Running the user's agent against the gateway and turning each run into samples.
+
+Each agent run gets its own session and key. Whatever `run` returns becomes rewards:
+a number goes to the session's last completion, a dict is keyed by completion id.
+Runs that crash, return garbage or never get a reward are reported, not trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from trainer.gateway_client import GatewayAdmin, GatewayRequestError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Episode:
+    group: int
+    session_id: str
+    reward: float | None = None  # the agent's own return value (float form), if any
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    num_completions: int = 0
+    error: str | None = None
+    no_reward: bool = False
+
+
+class RewardShapeError(ValueError):
+    pass
+
+
+def rewards_from_return(value: Any, completions: list[dict[str, Any]]) -> dict[str, float]:
+    """Map `run`'s return value onto this session's completion ids."""
+    if not completions:
+        return {}
+    if isinstance(value, dict):
+        known = {c["id"] for c in completions}
+        out = {}
+        for cid, r in value.items():
+            if cid not in known:
+                raise RewardShapeError(
+                    f"reward for unknown completion id {cid!r} (not in this session)"
+                )
+            out[cid] = _finite(r, f"reward[{cid}]")
+        return out
+    if value is None:
+        return {}
+    last = max(completions, key=lambda c: (c["created_at"], c["id"]))
+    return {last["id"]: _finite(value, "reward")}
+
+
+def _finite(value: Any, what: str) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(float(value)):
+        return float(value)
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic) and math.isfinite(float(value)):
+            return float(value)
+    except ImportError:  # pragma: no cover
+        pass
+    raise RewardShapeError(f"{what} must be a finite float, int or bool; got {value!r}")
+
+
+class RolloutRunner:
+    def __init__(
+        self,
+        admin: GatewayAdmin,
+        base_url: str,
+        agent: Any,
+        http_client: httpx.AsyncClient,
+        *,
+        export_style: str = "individual",
+        turn_discount: float = 1.0,
+        max_concurrent: int = 64,
+    ) -> None:
+        self.admin = admin
+        self.base_url = base_url
+        self.agent = agent
+        self.http_client = http_client
+        self.export_style = export_style
+        self.turn_discount = turn_discount
+        self._sem = asyncio.Semaphore(max_concurrent)
+
+    async def run_group(self, data: dict[str, Any], group: int, group_size: int) -> list[Episode]:
+        return list(
+            await asyncio.gather(*(self.run_episode(data, group) for _ in range(group_size)))
+        )
+
+    async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
+        async with self._sem:
+            session_id, api_key = await self.admin.create_session({"group": group})
+            ep = Episode(group=group, session_id=session_id)
+            try:
+                value = await self.agent.run(
+                    copy.deepcopy(data),
+                    base_url=self.base_url,
+                    api_key=api_key,
+                    http_client=self.http_client,
+                )
+            except Exception as exc:  # the agent's bug must not kill training
+                ep.error = f"{type(exc).__name__}: {exc}"
+                log.warning("agent run failed in session %s: %s", session_id, ep.error)
+                await self._end_quietly(session_id)
+                return ep
+            try:
+                view = await self.admin.session(session_id)
+                completions = view["completions"]
+                ep.num_completions = len(completions)
+                rewards = rewards_from_return(value, completions)
+                if not isinstance(value, dict) and value is not None:
+                    ep.reward = _finite(value, "reward")
+                elif rewards:
+                    ep.reward = sum(rewards.values())
+                await self.admin.set_rewards(rewards)
+                await self.admin.end_session(session_id)
+                if not completions:
+                    return ep
+                ep.samples = await self.admin.export(
+                    session_id, self.export_style, self.turn_discount
+                )
+            except RewardShapeError as exc:
+                ep.error = str(exc)
+                await self._end_quietly(session_id)
+            except GatewayRequestError as exc:
+                if "no_reward" in str(exc):
+                    ep.no_reward = True
+                else:
+                    ep.error = str(exc)
+            return ep
+
+    async def _end_quietly(self, session_id: str) -> None:
+        try:
+            await self.admin.end_session(session_id)
+        except Exception:  # pragma: no cover - best effort
+            log.debug("could not end session %s", session_id, exc_info=True)
