@@ -16,12 +16,18 @@ from gateway.config import GatewayConfig
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     d = GatewayConfig()
-    p.add_argument("--host", default=d.host, help="address to bind (non-loopback needs --admin-key)")
+    p.add_argument(
+        "--host", default=d.host, help="address to bind (non-loopback needs --admin-key)"
+    )
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--database", default=d.database, help="SQLite file path or SQLAlchemy URL")
-    p.add_argument("--admin-key", default=d.admin_key, help="admin key (default: $TURNSTILE_ADMIN_KEY)")
+    p.add_argument(
+        "--admin-key", default=d.admin_key, help="admin key (default: $TURNSTILE_ADMIN_KEY)"
+    )
     p.add_argument("--engine", default=d.engine, choices=["embedded", "fake"])
-    p.add_argument("--model", default=None, help="local HF folder (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model", default=None, help="local HF folder (default: bundled SmolLM2-135M-Instruct)"
+    )
     p.add_argument("--served-model-name", default=d.served_model_name)
     p.add_argument("--device", default=d.device)
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
@@ -33,7 +39,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from gateway.server import serve_forever
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     cfg = GatewayConfig(
         host=args.host,
         port=args.port,
@@ -63,7 +71,9 @@ def _repo(database: str):  # -> Repository
 def add_sessions_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database", required=True, help="SQLite file path or SQLAlchemy URL")
     p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--show", metavar="SESSION_ID", help="print one session with its completions as JSON")
+    p.add_argument(
+        "--show", metavar="SESSION_ID", help="print one session with its completions as JSON"
+    )
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -73,7 +83,12 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         if info is None:
             print(f"no session {args.show}", file=sys.stderr)
             return 1
-        out = {"id": info.id, "ended_at": info.ended_at, "metadata": info.meta, "completions": repo.completions(args.show)}
+        out = {
+            "id": info.id,
+            "ended_at": info.ended_at,
+            "metadata": info.meta,
+            "completions": repo.completions(args.show),
+        }
         print(json.dumps(out, indent=2))
         return 0
     from rich.console import Console
@@ -84,7 +99,13 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         table.add_column(col)
     for s in repo.list_sessions(limit=args.limit):
         status = "ended" if s["ended_at"] else "open"
-        table.add_row(s["id"], status, str(s["num_completions"]), str(s["num_rewarded"]), json.dumps(s["metadata"]))
+        table.add_row(
+            s["id"],
+            status,
+            str(s["num_completions"]),
+            str(s["num_rewarded"]),
+            json.dumps(s["metadata"]),
+        )
     Console().print(table)
     return 0
 
@@ -105,7 +126,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     with open(args.out, "w") as f:
         for s in repo.list_sessions(limit=args.limit):
             try:
-                samples = export_session(s["id"], repo.completions(s["id"]), args.style, args.turn_discount)
+                samples = export_session(
+                    s["id"], repo.completions(s["id"]), args.style, args.turn_discount
+                )
             except NoRewardError:
                 skipped += 1
                 continue

@@ -94,12 +94,40 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(APIError(exc.status_code, str(exc.detail), code=None))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(
-            APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
-        )
+    # Not `exception_handler(Exception)`: Starlette runs that one in its outermost
+    # middleware and re-raises afterwards, which makes uvicorn drop the keep-alive
+    # connection under the client's feet. Answering here keeps the connection usable.
+    app.add_middleware(_CatchUnexpected)
+
+
+class _CatchUnexpected:
+    """Pure ASGI middleware: an unexpected exception becomes an OpenAI-shaped 500."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error")
+            response = error_response(
+                APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+            )
+            await response(scope, receive, send)
 
 
 def check_finite(value: float, param: str) -> float:
