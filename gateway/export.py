@@ -25,6 +25,7 @@ class Sample:
     versions: list[int]  # policy version per token (-1 where loss_mask is 0)
     reward: float  # the completion's own reward (0.0 when unset)
     returns: float  # discounted return along its branch
+    temperature: float = 1.0  # sampling temperature: logprobs are of logits / temperature
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,10 +89,16 @@ def individual_samples(
                 versions=[-1] * len(prompt) + list(c["output_versions"]),
                 reward=0.0 if c.get("reward") is None else float(c["reward"]),
                 returns=returns[c["id"]],
+                temperature=_temperature(c),
                 meta={"finish_reason": c.get("finish_reason"), "parent_id": c.get("parent_id")},
             )
         )
     return samples
+
+
+def _temperature(completion: dict[str, Any]) -> float:
+    t = (completion.get("request") or {}).get("temperature")
+    return 1.0 if t is None or t <= 0 else float(t)
 
 
 EXPORT_STYLES = {"individual": individual_samples}

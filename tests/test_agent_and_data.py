@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer.datasets import arithmetic_word_problems, load_dataset, load_jsonl
+from trainer.datasets import (
+    DEFAULT_SYSTEM_PROMPT,
+    arithmetic_word_problems,
+    load_dataset,
+    load_jsonl,
+)
 from trainer.rewards import math_answer_correct
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,12 +58,15 @@ def test_arithmetic_answers_are_correct():
     assert len(rows) == 300
     for row in rows:
         assert set(row) == {"messages", "answer"}
-        (msg,) = row["messages"]
+        system, msg = row["messages"]
+        assert system == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
         assert msg["role"] == "user"
         assert msg["content"].endswith("Give the final answer as a number at the end.")
         assert int(row["answer"]) == _recompute(msg["content"])
         assert int(row["answer"]) >= 1
     assert {_kind(r) for r in rows} == {"add", "sub", "mul"}
+    (only_user,) = arithmetic_word_problems(1, system_prompt=None)[0]["messages"]
+    assert only_user["role"] == "user"
 
 
 def _kind(row):

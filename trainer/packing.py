@@ -22,6 +22,7 @@ class PackedBatch:
     advantages: torch.Tensor  # (T,)
     versions: torch.Tensor  # (T,) long; -1 where not generated
     num_seqs: int
+    temperatures: torch.Tensor | None = None  # (T,) sampling temperature per token
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +58,7 @@ def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int
     old: list[float] = []
     adv: list[float] = []
     ver: list[int] = []
+    temp: list[float] = []
     for i in idx:
         s = samples[i]
         n = len(s["input_ids"])
@@ -68,6 +70,7 @@ def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int
         old += s["logprobs"]
         adv += [advantages[i]] * n
         ver += s["versions"]
+        temp += [float(s.get("temperature", 1.0))] * n
     return PackedBatch(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([pos], dtype=torch.long),
@@ -76,6 +79,7 @@ def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int
         advantages=torch.tensor(adv, dtype=torch.float32),
         versions=torch.tensor(ver, dtype=torch.long),
         num_seqs=len(idx),
+        temperatures=torch.tensor(temp, dtype=torch.float32),
     )
 
 
@@ -101,6 +105,9 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
         .logits[0]
         .float()
     )
+    if batch.temperatures is not None:
+        # the same distribution the engine sampled from (and recorded logprobs of)
+        logits = logits / batch.temperatures[targets].to(device)[:, None]
     tgt_ids = batch.input_ids[0, targets].to(device)
     picked = logits.gather(-1, tgt_ids[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return out.index_put((targets.to(device),), picked)

@@ -273,7 +273,8 @@ class EmbeddedEngine(InferenceEngine):
         next_pos = position_ids[:, -1:] + 1
 
         while True:
-            logprobs = torch.log_softmax(logits, dim=-1)
+            # the behaviour policy is the temperature-scaled one (greedy rows: raw logits)
+            logprobs = torch.log_softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1)
             tokens = _sample(logits, temps, top_ps, generators)
             chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
             tok_list = tokens.tolist()
