@@ -45,7 +45,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eps_clip: float = 0.2
     zero_stage: int = 0
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 1024
     adv_norm: str = "group"  # group | batch | none
     warmup_steps: int = 0
 

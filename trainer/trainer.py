@@ -9,6 +9,7 @@ samples; push the new weights to the engine (policy version + 1).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 import secrets
@@ -29,6 +30,7 @@ from trainer.config import TrainerConfig, load_config
 from trainer.datasets import load_dataset
 from trainer.gateway_client import GatewayAdmin
 from trainer.losses import ppo_clip_loss, reinforce_loss
+from trainer.malloc import limit_arenas, release_free_memory
 from trainer.packing import pack
 from trainer.rollout import Episode, RolloutRunner
 from trainer.run_log import RunLog, mean
@@ -89,6 +91,7 @@ class Trainer:
             runlog.metrics_path.unlink()
 
         random.seed(cfg.seed)
+        limit_arenas(2)
         import torch
 
         torch.manual_seed(cfg.seed)
@@ -139,6 +142,9 @@ class Trainer:
     ) -> None:
         cfg = self.config
         assert self.gateway is not None and self.policy is not None
+        # One thread for all training work: one allocator arena, not one per step.
+        train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train")
+        loop = asyncio.get_running_loop()
         limits = httpx.Limits(
             max_connections=cfg.rollout.max_concurrent * 2,
             max_keepalive_connections=cfg.rollout.max_concurrent * 2,
@@ -177,11 +183,12 @@ class Trainer:
                 )
                 episodes = [ep for g in groups for ep in g]
                 rollout_s = time.perf_counter() - t0
-                stats = await asyncio.to_thread(self._update, episodes)
+                stats = await loop.run_in_executor(train_thread, self._update, episodes)
                 t1 = time.perf_counter()
                 version = self.gateway.engine.update_weights(
                     self.policy.full_state_dict(), version=step + 1
                 )  # type: ignore[attr-defined]
+                release_free_memory()
                 sync_s = time.perf_counter() - t1
                 row = self._metrics(step, version, episodes, stats, rollout_s, sync_s)
                 runlog.append(row)
@@ -194,10 +201,13 @@ class Trainer:
                     and (step + 1) % cfg.save_every == 0
                     and step + 1 < cfg.total_steps
                 ):
-                    await asyncio.to_thread(
-                        self.policy.save_hf, Path(cfg.run_dir) / f"checkpoint-step{step + 1}"
+                    await loop.run_in_executor(
+                        train_thread,
+                        self.policy.save_hf,
+                        Path(cfg.run_dir) / f"checkpoint-step{step + 1}",
                     )
             bar.close()
+            train_thread.shutdown()
 
     def _update(self, episodes: list[Episode]) -> dict[str, float]:
         cfg = self.config
