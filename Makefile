@@ -32,15 +32,18 @@ $(STAMP): pyproject.toml requirements.lock
 demo: setup
 	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
 
-test: setup
+test: setup clients-setup
 	$(VENV)/bin/pytest -q
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -m "not slow and not clients"
 
 lint: setup
 	$(VENV)/bin/ruff check gateway trainer agents tests bench
 	$(VENV)/bin/ruff format --check gateway trainer agents tests bench
 
 clean:
-	rm -rf $(VENV) .cache runs
+	rm -rf $(VENV) .venv-clients .cache runs
+
+# one virtualenv per real client package (their pins conflict): `make clients-setup`
+include tests/clients/Makefile.inc

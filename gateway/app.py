@@ -15,9 +15,10 @@ from gateway.config import GatewayConfig
 from gateway.engines.base import InferenceEngine
 from gateway.engines.factory import make_engine
 from gateway.engines.model_source import load_tokenizer, resolve_model_dir
-from gateway.errors import install_error_handlers
+from gateway.errors import BodySizeLimit, install_error_handlers
 from gateway.metrics import Metrics
 from gateway.serving_chat import ChatService
+from gateway.serving_core import ServingCore
 from gateway.state import GatewayState
 from gateway.store.database import open_database
 from gateway.store.recorder import Recorder
@@ -35,18 +36,18 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     repo = Repository(db)
     recorder = Recorder(db)
     metrics = Metrics()
-    chat = ChatService(
+    core = ServingCore(engine, renderer, repo, recorder, metrics, config)
+    chat = ChatService(core, renderer, metrics)
+    return GatewayState(
+        config,
         engine,
         renderer,
         repo,
         recorder,
+        KeyRing(repo, config.admin_key),
         metrics,
-        model_name=config.served_model_name,
-        default_max_tokens=config.default_max_tokens,
-        request_timeout_s=config.request_timeout_s,
-    )
-    return GatewayState(
-        config, engine, renderer, repo, recorder, KeyRing(repo, config.admin_key), metrics, chat
+        core,
+        chat,
     )
 
 
@@ -72,6 +73,7 @@ def create_app(
     app = FastAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     for module in (openai_routes, session_routes, reward_routes, health_routes):
         app.include_router(module.router)
     return app

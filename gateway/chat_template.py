@@ -11,6 +11,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from gateway.tool_prompt import inline_tools
+
 
 def text_of(content: Any) -> str:
     """OpenAI content may be None, a string, or a list of parts; templates want a string."""
@@ -81,19 +83,35 @@ class ChatRenderer:
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
                 stops.add(tid)
         self.stop_token_ids: list[int] = sorted(stops)
+        # Templates that know tools render them (and past tool calls) themselves; for
+        # the others the gateway writes them into the messages (see tool_prompt.py).
+        template = tokenizer.chat_template
+        self.native_tools = isinstance(template, str) and "tools" in template
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
     ) -> list[int]:
-        text = self.render_text(messages, tools)
+        text = self.render_text(messages, tools, tool_choice)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def render_text(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
     ) -> str:
         normalized = [normalize_message(m) for m in messages]
+        if self.native_tools:
+            return self.tokenizer.apply_chat_template(
+                normalized, tools=tools or None, add_generation_prompt=True, tokenize=False
+            )
         return self.tokenizer.apply_chat_template(
-            normalized, tools=tools or None, add_generation_prompt=True, tokenize=False
+            inline_tools(normalized, tools, tool_choice),
+            add_generation_prompt=True,
+            tokenize=False,
         )
 
     def decode_output(self, output_ids: list[int]) -> str:

@@ -32,6 +32,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=d.device)
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="S")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--max-pending-requests", type=int, default=d.max_pending_requests)
+    p.add_argument("--max-n", type=int, default=d.max_n)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -53,6 +57,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         max_batch_size=args.max_batch_size,
         default_max_tokens=args.default_max_tokens,
+        request_timeout_s=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        max_pending_requests=args.max_pending_requests,
+        max_n=args.max_n,
     )
     serve_forever(cfg)
     return 0

@@ -21,4 +21,7 @@ class GatewayConfig:
     max_batch_size: int = 32
     default_max_tokens: int = 512
     session_ttl_s: float = 24 * 3600
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # longest an engine may take for one answer -> 503
+    max_body_bytes: int = 16 * 1024 * 1024  # larger request bodies -> 413
+    max_pending_requests: int = 1024  # choices generating at once; more -> 429
+    max_n: int = 16  # largest `n` (choices per request); more -> 422

@@ -37,6 +37,7 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         retryable: bool | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -45,6 +46,7 @@ class APIError(Exception):
         self.param = param
         # Tell OpenAI SDKs not to retry what a retry cannot fix.
         self.retryable = retryable if retryable is not None else status in (429, 503)
+        self.headers = headers or {}
 
 
 def error_body(
@@ -61,7 +63,7 @@ def error_body(
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    headers = {"x-should-retry": "true" if exc.retryable else "false"}
+    headers = {**exc.headers, "x-should-retry": "true" if exc.retryable else "false"}
     return JSONResponse(
         error_body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=headers
     )
@@ -145,3 +147,56 @@ def check_finite(value: float, param: str) -> float:
             param=param,
         )
     return float(value)
+
+
+class BodySizeLimit:
+    """Pure ASGI middleware: a request body over `max_bytes` is a 413, read no further."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._too_large()(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the server enforces the declared length
+            return
+        # No length (a chunked upload): read it here, up to the limit, then hand it on.
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._too_large()(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _error(self) -> APIError:
+        return APIError(
+            413,
+            f"The request body is larger than this gateway accepts ({self.max_bytes} bytes).",
+            code="request_too_large",
+            retryable=False,
+        )
+
+    def _too_large(self) -> JSONResponse:
+        return error_response(self._error())

@@ -104,6 +104,16 @@ def _temperature(completion: dict[str, Any]) -> float:
 EXPORT_STYLES = {"individual": individual_samples}
 
 
+def trainable(completions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Completions that are samples of a conversation the agent really had.
+
+    A streamed answer whose client disconnected mid-way is recorded (finish reason
+    `abort`) but the agent never used it, so it is not trained on. (Client retries
+    never make a second row: they are answered from the original's record.)
+    """
+    return [c for c in completions if c.get("finish_reason") != "abort"]
+
+
 def export_session(
     session_id: str,
     completions: list[dict[str, Any]],
@@ -116,4 +126,4 @@ def export_session(
         raise ValueError(
             f"unknown export_style {style!r}; choose one of {sorted(EXPORT_STYLES)}"
         ) from None
-    return fn(session_id, completions, turn_discount)
+    return fn(session_id, trainable(completions), turn_discount)

@@ -1,263 +1,367 @@
-"""Serving `POST /v1/chat/completions`: render, generate, record, answer.
+"""Serving `POST /v1/chat/completions`: request -> choices -> response, plain or streamed.
 
-The record is committed before the answer leaves: a client that got a 200 never
-loses the tokens, logprobs and policy version behind it.
+Rendering, the engine call, stop strings and the durable record of each choice live in
+serving_core.py; this module adds what is chat-specific: messages and tools in, tool
+calls out (the response shapes are in chat_responses.py).
+
+Every choice is recorded before the client sees its end: a 200 (or a streamed
+`finish_reason`) means the tokens, logprobs and policy version behind it are on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections import OrderedDict
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
-from openai.types.chat import ChatCompletion
-from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
-from openai.types.chat.chat_completion_message import ChatCompletionMessage
-from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
-from openai.types.completion_usage import CompletionUsage
+from fastapi.responses import StreamingResponse
 
+from gateway.chat_responses import ChatShapes, ChoiceResult, ChunkWriter
 from gateway.chat_template import ChatRenderer
-from gateway.engines.base import (
-    ContextLengthExceeded,
-    EngineError,
-    GenerationResult,
-    InferenceEngine,
-    SamplingParams,
-)
 from gateway.errors import APIError
-from gateway.linking import candidate_parent_hashes, conversation_hash, tokens_continue
+from gateway.linking import candidate_parent_hashes, conversation_hash
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest
-from gateway.store.codec import pack_floats, pack_ints
-from gateway.store.recorder import Recorder, RecordError
-from gateway.store.repository import Repository, SessionInfo
+from gateway.serving_core import (
+    Admission,
+    ChoiceOutput,
+    ServingCore,
+    TextDelta,
+    Tracked,
+    Turn,
+    choice_ids,
+)
+from gateway.sse import sse_error, sse_response
+from gateway.store.repository import SessionInfo
+from gateway.tool_parsing import ContentEvent, Event, ToolCall, ToolCallEvent, ToolCallParser
+from gateway.tool_prompt import forced_tool, tool_name
 
-_Parent = tuple[str, list[int], list[int]]
+log = logging.getLogger(__name__)
+
+_END = None  # end of a stream's queue
 
 
 class ChatService:
-    def __init__(
-        self,
-        engine: InferenceEngine,
-        renderer: ChatRenderer,
-        repo: Repository,
-        recorder: Recorder,
-        metrics: Metrics,
-        *,
-        model_name: str,
-        default_max_tokens: int = 512,
-        request_timeout_s: float = 600.0,
-        parent_cache_size: int = 50_000,
-    ) -> None:
-        self.engine = engine
+    def __init__(self, core: ServingCore, renderer: ChatRenderer, metrics: Metrics) -> None:
+        self.core = core
         self.renderer = renderer
-        self.repo = repo
-        self.recorder = recorder
         self.metrics = metrics
-        self.model_name = model_name
-        self.default_max_tokens = default_max_tokens
-        self.request_timeout_s = request_timeout_s
-        # (session id, conversation hash) -> parent; saves a DB read per turn.
-        self._recent: OrderedDict[tuple[str, str], _Parent] = OrderedDict()
-        self._recent_max = parent_cache_size
+        self.shapes = ChatShapes(renderer.tokenizer)
 
-    async def create(self, req: ChatCompletionRequest, session: SessionInfo) -> dict[str, Any]:
-        started = time.perf_counter()
-        if req.stream:
-            raise APIError(
-                400,
-                "stream=true is not supported yet by this gateway.",
-                code="unsupported",
-                param="stream",
-                retryable=False,
+    async def create(
+        self,
+        req: ChatCompletionRequest,
+        session: SessionInfo,
+        *,
+        body_hash: str | None = None,
+        retry_count: int = 0,
+    ) -> dict[str, Any] | StreamingResponse:
+        self._check(req)
+        if retry_count > 0 and body_hash is not None:
+            rows = await self.core.original_of(session.id, body_hash, req.n)
+            if rows is not None:
+                self.metrics.inc("turnstile_retries_replayed_total")
+                return self._replay(req, rows)
+
+        prompt_ids = self._render(req)
+        params = self.core.sampling_params(
+            len(prompt_ids),
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        admission = self.core.admit(req.n)
+        try:
+            parent = self.core.find_parent(
+                session.id, candidate_parent_hashes(req.messages, req.tools)
             )
-        if req.n != 1:
+        except BaseException:
+            admission.release()
+            raise
+        turn = Turn(
+            session_id=session.id,
+            endpoint="chat.completions",
+            model=req.model,
+            request=req.model_dump(exclude_none=True),
+            prompt_ids=prompt_ids,
+            params=params,
+            stops=stops,
+            parent=parent,
+            ids=choice_ids("chatcmpl", req.n),
+            request_hash=body_hash,
+        )
+        tracked = self.core.track(session.id, body_hash)
+        if req.stream:
+            return await self._stream(req, turn, admission, tracked)
+        with admission, tracked:
+            if req.n == 1:
+                results = [await self._complete(req, turn, 0)]
+            else:  # concurrently, so that the engine batches them
+                results = await asyncio.gather(
+                    *(self._complete(req, turn, i) for i in range(req.n)), return_exceptions=True
+                )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return self.shapes.completion(req, turn.ids[0], len(prompt_ids), results)  # type: ignore[arg-type]
+
+    # ---- request checks and rendering ------------------------------------------------
+    def _check(self, req: ChatCompletionRequest) -> None:
+        """422 for well-formed requests that cannot be served."""
+        if req.n > self.core.max_n:
             raise APIError(
-                400,
-                "n>1 is not supported yet by this gateway.",
-                code="unsupported",
+                422,
+                f"n={req.n} is more than this gateway serves in one request ({self.core.max_n}).",
+                code="n_too_large",
                 param="n",
                 retryable=False,
             )
+        choice = req.tool_choice
+        if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+            raise APIError(
+                400,
+                f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r}.",
+                code="invalid_tool_choice",
+                param="tool_choice",
+                retryable=False,
+            )
+        if choice in (None, "auto", "none"):
+            return
+        names = {tool_name(t) for t in req.tools or []}
+        if not req.tools:
+            raise APIError(
+                422,
+                "tool_choice needs `tools` to choose from.",
+                code="tool_choice_without_tools",
+                param="tool_choice",
+                retryable=False,
+            )
+        forced = forced_tool(choice)
+        if forced is not None and forced not in names:
+            raise APIError(
+                422,
+                f"tool_choice names the function {forced!r}, which is not in `tools`.",
+                code="unknown_tool",
+                param="tool_choice",
+                retryable=False,
+            )
 
-        prompt_ids = self._render(req)
-        params = self._sampling_params(req, len(prompt_ids))
-        result = await self._generate(prompt_ids, params)
-        text, output_ids, finish = self._apply_stop_strings(req, result)
-
-        parent = self._find_parent(session.id, req)
-        completion_id = "chatcmpl-" + uuid.uuid4().hex
-        message = {"role": "assistant", "content": text}
-        answer_hash = conversation_hash([*req.messages, message], req.tools)
-        n_out = len(output_ids)
-        row = {
-            "id": completion_id,
-            "session_id": session.id,
-            "parent_id": parent[0] if parent else None,
-            "created_at": time.time(),
-            "endpoint": "chat.completions",
-            "model": req.model,
-            "request": _request_record(req),
-            "response": {"message": message},
-            "prompt_ids": pack_ints(prompt_ids),
-            "output_ids": pack_ints(output_ids),
-            "output_logprobs": pack_floats(result.logprobs[:n_out]),
-            "output_versions": pack_ints(result.versions[:n_out]),
-            "finish_reason": finish,
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": n_out,
-            "prefix_hash": answer_hash,
-            "tokens_continue_parent": tokens_continue(parent[1], parent[2], prompt_ids)
-            if parent
-            else None,
-            "queue_s": result.queue_s,
-            "gen_s": result.gen_s,
-            "total_s": time.perf_counter() - started,
-        }
-        try:
-            await self.recorder.record(row)
-        except RecordError as exc:
-            self.metrics.inc("turnstile_record_failures_total")
-            raise APIError(503, str(exc), code="record_failed") from exc
-        self._remember(session.id, answer_hash, (completion_id, prompt_ids, output_ids))
-        self.metrics.inc("turnstile_completions_total")
-        self.metrics.inc("turnstile_prompt_tokens_total", len(prompt_ids))
-        self.metrics.inc("turnstile_completion_tokens_total", n_out)
-        self.metrics.observe("turnstile_completion_seconds", time.perf_counter() - started)
-        return self._response(req, completion_id, text, finish, prompt_ids, output_ids, result)
-
-    # ---- steps -----------------------------------------------------------------------
     def _render(self, req: ChatCompletionRequest) -> list[int]:
+        tools = None if req.tool_choice == "none" else req.tools
         try:
-            return self.renderer.render(req.messages, req.tools)
+            return self.renderer.render(req.messages, tools, req.tool_choice)
         except Exception as exc:  # jinja errors, bad message shapes
             raise APIError(
                 400,
                 f"could not apply the chat template: {exc}",
                 code="invalid_messages",
                 param="messages",
+                retryable=False,
             ) from exc
 
-    def _sampling_params(self, req: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
-        wanted = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
-        try:
-            max_new = self.engine.check_fits(prompt_len, wanted)
-        except ContextLengthExceeded as exc:
-            raise APIError(
-                400, str(exc), code="context_length_exceeded", param="messages", retryable=False
-            ) from exc
-        return SamplingParams(
-            max_new_tokens=max_new,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            stop_token_ids=self.renderer.stop_token_ids,
-            seed=req.seed,
-        )
+    @staticmethod
+    def _parser(req: ChatCompletionRequest) -> ToolCallParser | None:
+        return ToolCallParser() if req.tools and req.tool_choice != "none" else None
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        try:
-            return await asyncio.wait_for(
-                self.engine.generate(prompt_ids, params), self.request_timeout_s
-            )
-        except asyncio.TimeoutError as exc:
-            self.metrics.inc("turnstile_engine_errors_total")
-            raise APIError(
-                503,
-                f"the inference engine did not answer within {self.request_timeout_s:.0f} s",
-                code="engine_timeout",
-            ) from exc
-        except EngineError as exc:
-            self.metrics.inc("turnstile_engine_errors_total")
-            raise APIError(
-                503, f"the inference engine is unavailable: {exc}", code="engine_unavailable"
-            ) from exc
+    # ---- one choice ------------------------------------------------------------------
+    async def _complete(self, req: ChatCompletionRequest, turn: Turn, index: int) -> ChoiceResult:
+        out: ChoiceOutput | None = None
+        async for item in self.core.generate(turn, index):
+            if isinstance(item, ChoiceOutput):
+                out = item
+        assert out is not None
+        parser = self._parser(req)
+        if parser is not None:
+            parser.feed(out.text)
+            parser.finish()
+        message, finish = self._finish_choice(req, turn, out, parser)
+        await self._record(req, turn, out, message, finish)
+        return out, message, finish
 
-    def _apply_stop_strings(
-        self, req: ChatCompletionRequest, result: GenerationResult
-    ) -> tuple[str, list[int], str]:
-        """Cut the answer at the first stop string; keep the tokens that produced it."""
-        text = self.renderer.decode_output(result.output_ids)
-        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        hits = [(text.find(s), s) for s in stops if s and s in text]
-        if not hits:
-            return text, result.output_ids, result.finish_reason
-        cut, _ = min(hits)
-        ids = result.output_ids
-        for k in range(1, len(ids) + 1):  # fewest tokens whose text reaches the stop string
-            if len(self.renderer.decode_output(ids[:k])) > cut and any(
-                s in self.renderer.decode_output(ids[:k]) for _, s in hits
-            ):
-                return text[:cut], ids[:k], "stop"
-        return text[:cut], ids, "stop"
-
-    def _find_parent(self, session_id: str, req: ChatCompletionRequest) -> _Parent | None:
-        hashes = candidate_parent_hashes(req.messages, req.tools)
-        for h in hashes:
-            hit = self._recent.get((session_id, h))
-            if hit is not None:
-                return hit
-        if not hashes:
-            return None
-        from gateway.store.codec import unpack_ints
-
-        found = self.repo.find_parent(session_id, hashes)
-        if found is None:
-            return None
-        return found[0], unpack_ints(found[1]), unpack_ints(found[2])
-
-    def _remember(self, session_id: str, h: str, parent: _Parent) -> None:
-        self._recent[(session_id, h)] = parent
-        if len(self._recent) > self._recent_max:
-            self._recent.popitem(last=False)
-
-    def _response(
+    def _finish_choice(
         self,
         req: ChatCompletionRequest,
-        completion_id: str,
-        text: str,
+        turn: Turn,
+        out: ChoiceOutput,
+        parser: ToolCallParser | None,
+    ) -> tuple[dict[str, Any], str]:
+        """The assistant message (as recorded and answered) and the finish reason."""
+        if parser is None:
+            return {"role": "assistant", "content": out.text}, out.finish_reason
+        if parser.failures:
+            self.metrics.inc("turnstile_tool_call_parse_failures_total", parser.failures)
+        message: dict[str, Any] = {"role": "assistant", "content": parser.content}
+        if not parser.tool_calls:
+            return message, out.finish_reason
+        message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
+        self.metrics.inc("turnstile_tool_calls_total", len(parser.tool_calls))
+        finish = "tool_calls" if out.finish_reason == "stop" else out.finish_reason
+        return message, finish
+
+    async def _record(
+        self,
+        req: ChatCompletionRequest,
+        turn: Turn,
+        out: ChoiceOutput,
+        message: dict[str, Any],
         finish: str,
-        prompt_ids: list[int],
-        output_ids: list[int],
-        result: GenerationResult,
-    ) -> dict[str, Any]:
-        logprobs = None
-        if req.logprobs:
-            tok = self.renderer.tokenizer
-            logprobs = ChoiceLogprobs.model_construct(
-                content=[
-                    ChatCompletionTokenLogprob.model_construct(
-                        token=(piece := tok.decode([tid])),
-                        logprob=lp,
-                        bytes=list(piece.encode()),
-                        top_logprobs=[],
-                    )
-                    for tid, lp in zip(output_ids, result.logprobs, strict=False)
-                ]
+    ) -> None:
+        answer_hash = conversation_hash([*req.messages, message], req.tools)
+        await self.core.record(turn, out, {"message": message}, finish, answer_hash)
+
+    def _replay(self, req: ChatCompletionRequest, rows: list[dict[str, Any]]) -> Any:
+        """Answer a client retry from the original's records: no second sample."""
+        results: list[ChoiceResult] = [
+            (
+                ChoiceOutput(
+                    index=r["choice_index"],
+                    completion_id=r["id"],
+                    text=r["response"]["message"].get("content") or "",
+                    output_ids=r["output_ids"],
+                    logprobs=r["output_logprobs"],
+                    versions=r["output_versions"],
+                    top_logprobs=None,
+                    finish_reason=r["finish_reason"],
+                ),
+                r["response"]["message"],
+                r["finish_reason"],
             )
-        completion = ChatCompletion.model_construct(
-            id=completion_id,
-            object="chat.completion",
-            created=int(time.time()),
-            model=req.model,
-            choices=[
-                Choice.model_construct(
-                    index=0,
-                    finish_reason=finish,
-                    logprobs=logprobs,
-                    message=ChatCompletionMessage.model_construct(role="assistant", content=text),
-                )
-            ],
-            usage=CompletionUsage.model_construct(
-                prompt_tokens=len(prompt_ids),
-                completion_tokens=len(output_ids),
-                total_tokens=len(prompt_ids) + len(output_ids),
-            ),
+            for r in rows
+        ]
+        if not req.stream:
+            return self.shapes.completion(req, rows[0]["id"], rows[0]["prompt_tokens"], results)
+        frames = ChunkWriter(req, rows[0]["id"], self.shapes)
+        body: list[bytes] = []
+        for out, message, finish in results:
+            events: list[Event] = []
+            if message.get("content"):
+                events.append(ContentEvent(message["content"]))
+            for i, tc in enumerate(message.get("tool_calls") or []):
+                fn = tc["function"]
+                call = ToolCall(tc["id"], fn["name"], fn["arguments"])
+                events.append(ToolCallEvent(i, call))
+            delta = TextDelta("", out.output_ids, out.logprobs, None)
+            body += frames.events(out.index, events, delta)
+            body.append(frames.finish(out.index, finish))
+        body += frames.closing(
+            rows[0]["prompt_tokens"], sum(len(o.output_ids) for o, _, _ in results)
         )
-        return completion.model_dump(mode="json", exclude_unset=True)
+
+        async def replay() -> AsyncIterator[bytes]:
+            for frame in body:
+                yield frame
+
+        return sse_response(replay())
+
+    # ---- streamed answer -------------------------------------------------------------
+    async def _stream(
+        self, req: ChatCompletionRequest, turn: Turn, admission: Admission, tracked: Tracked
+    ) -> StreamingResponse:
+        """Generate in a task of its own, so that the records are made even if the client
+        leaves; the response only relays what that task queues.
+
+        Errors before the first token (a dead engine, say) still get their HTTP status.
+        """
+        queue: asyncio.Queue[bytes | APIError | None] = asyncio.Queue()
+        cancel = asyncio.Event()
+        self.core.spawn(self._produce(req, turn, queue, cancel, admission, tracked))
+        first = await queue.get()
+        if isinstance(first, APIError):
+            raise first
+        if first is _END:
+            raise APIError(500, "the stream ended before it began", code="internal_error")
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                yield first
+                while True:
+                    item = await queue.get()
+                    if item is _END:
+                        return
+                    if isinstance(item, APIError):
+                        yield sse_error(item)
+                        return
+                    yield item
+            finally:
+                cancel.set()  # the client is gone (or done): stop generating for it
+
+        return sse_response(relay())
+
+    async def _produce(
+        self,
+        req: ChatCompletionRequest,
+        turn: Turn,
+        queue: asyncio.Queue[bytes | APIError | None],
+        cancel: asyncio.Event,
+        admission: Admission,
+        tracked: Tracked,
+    ) -> None:
+        frames = ChunkWriter(req, turn.ids[0], self.shapes)
+        try:
+            results = await asyncio.gather(
+                *(self._stream_choice(req, turn, i, frames, queue, cancel) for i in range(req.n)),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                queue.put_nowait(_api_error(errors[0]))
+                return
+            completion_tokens = sum(len(r.output_ids) for r in results)  # type: ignore[union-attr]
+            for frame in frames.closing(len(turn.prompt_ids), completion_tokens):
+                queue.put_nowait(frame)
+        except BaseException as exc:
+            queue.put_nowait(_api_error(exc))
+            raise
+        finally:
+            queue.put_nowait(_END)
+            admission.release()
+            tracked.done()
+
+    async def _stream_choice(
+        self,
+        req: ChatCompletionRequest,
+        turn: Turn,
+        index: int,
+        frames: ChunkWriter,
+        queue: asyncio.Queue[bytes | APIError | None],
+        cancel: asyncio.Event,
+    ) -> ChoiceOutput:
+        parser = self._parser(req)
+        out: ChoiceOutput | None = None
+        try:
+            async for item in self.core.generate(turn, index, stream=True, cancel=cancel):
+                if isinstance(item, ChoiceOutput):
+                    out = item
+                    break
+                events: list[Event]
+                if parser is not None:
+                    events = parser.feed(item.text)
+                else:
+                    events = [ContentEvent(item.text)] if item.text else []
+                for frame in frames.events(index, events, item):
+                    queue.put_nowait(frame)
+        except BaseException:
+            cancel.set()  # the other choices stop too
+            raise
+        assert out is not None
+        if parser is not None:
+            for frame in frames.events(index, parser.finish(), None):
+                queue.put_nowait(frame)
+        message, finish = self._finish_choice(req, turn, out, parser)
+        await self._record(req, turn, out, message, finish)
+        if out.finish_reason != "abort":
+            queue.put_nowait(frames.finish(index, finish))
+        return out
 
 
-def _request_record(req: ChatCompletionRequest) -> dict[str, Any]:
-    """What the client asked for, as stored with the completion."""
-    return req.model_dump(exclude_none=True, exclude_defaults=False)
+def _api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        return APIError(503, "the request was cancelled", code="cancelled")
+    log.error("streamed chat completion failed", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")

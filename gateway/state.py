@@ -12,6 +12,7 @@ from gateway.config import GatewayConfig
 from gateway.engines.base import InferenceEngine
 from gateway.metrics import Metrics
 from gateway.serving_chat import ChatService
+from gateway.serving_core import ServingCore
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
@@ -25,6 +26,7 @@ class GatewayState:
     recorder: Recorder
     keys: KeyRing
     metrics: Metrics
+    core: ServingCore
     chat: ChatService
 
 

@@ -47,22 +47,30 @@ def new_session() -> Callable[..., tuple[str, str]]:
 
 @pytest.fixture
 def gateway_factory(tmp_path, tokenizer, monkeypatch) -> Iterator[Callable[..., BackgroundGateway]]:
-    """Start gateways backed by a FakeEngine that answers FAKE_REPLY in real token ids."""
+    """Start gateways backed by a FakeEngine that answers FAKE_REPLY in real token ids.
+
+    `engine.script("text", ...)` makes it answer the next requests with those texts.
+    """
     # Reuse the session's tokenizer: reloading it is most of a gateway's start-up time.
     monkeypatch.setattr(gateway.app, "load_tokenizer", lambda _dir: tokenizer)
     started: list[BackgroundGateway] = []
 
-    def make(**engine_kwargs: Any) -> BackgroundGateway:
+    def make(config: dict[str, Any] | None = None, **engine_kwargs: Any) -> BackgroundGateway:
+        """`config`: GatewayConfig fields to override; the rest go to FakeEngine."""
         engine_kwargs.setdefault(
             "reply_ids", tokenizer.encode(FAKE_REPLY, add_special_tokens=False)
         )
         engine_kwargs.setdefault("stop_id", int(tokenizer.eos_token_id))
+        engine_kwargs.setdefault(
+            "encode", lambda text: tokenizer.encode(text, add_special_tokens=False)
+        )
         engine = FakeEngine(**engine_kwargs)
         config = GatewayConfig(
             port=0,
             database=str(tmp_path / f"t{len(started)}.db"),
             admin_key=ADMIN_KEY,
             engine="fake",
+            **(config or {}),
         )
         gw = BackgroundGateway(config, engine=engine).start()
         started.append(gw)

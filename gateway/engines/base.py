@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+# The most likely tokens at one output position, best first: (token id, logprob).
+TopLogprobs = list[tuple[int, float]]
 
 
 class EngineError(RuntimeError):
@@ -37,6 +39,9 @@ class SamplingParams:
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # How many alternatives to return per output token (0 = none), from the same
+    # distribution the sampled token's logprob is taken from.
+    top_logprobs: int = 0
 
 
 @dataclass(slots=True)
@@ -46,6 +51,7 @@ class TokenChunk:
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
+    top_logprobs: list[TopLogprobs] | None = None  # one list per token when asked for
 
 
 @dataclass(slots=True)
@@ -57,6 +63,7 @@ class GenerationResult:
     # Seconds spent queued before the first engine step, and generating.
     queue_s: float = 0.0
     gen_s: float = 0.0
+    top_logprobs: list[TopLogprobs] | None = None  # one list per token when asked for
 
 
 class InferenceEngine(abc.ABC):
@@ -92,7 +99,7 @@ class InferenceEngine(abc.ABC):
         Engines that cannot stream fall back to one chunk at the end.
         """
         result = await self.generate(prompt_ids, params)
-        yield TokenChunk(result.output_ids, result.logprobs, result.versions)
+        yield TokenChunk(result.output_ids, result.logprobs, result.versions, result.top_logprobs)
         yield result
 
     @abc.abstractmethod

@@ -26,6 +26,7 @@ from gateway.engines.base import (
     InferenceEngine,
     SamplingParams,
     TokenChunk,
+    TopLogprobs,
 )
 from gateway.engines.model_source import load_causal_lm, resolve_model_dir
 
@@ -43,6 +44,7 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] | None = None
     started: float = 0.0
     cancelled: bool = False
 
@@ -155,6 +157,7 @@ class EmbeddedEngine(InferenceEngine):
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         req = self._submit(prompt_ids, params, stream=True)
         assert req.chunks is not None
+        getter: asyncio.Future[TokenChunk] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(req.chunks.get())
@@ -170,6 +173,8 @@ class EmbeddedEngine(InferenceEngine):
                 yield req.future.result()
                 return
         finally:
+            if getter is not None and not getter.done():
+                getter.cancel()  # we were cancelled while waiting for a token
             if not req.future.done():
                 req.cancelled = True
 
@@ -253,9 +258,12 @@ class EmbeddedEngine(InferenceEngine):
         top_ps = torch.tensor([r.params.top_p for r in wave], dtype=torch.float32, device=device)
         generators = [_generator_for(r.params.seed, device) for r in wave]
         stops = [set(r.params.stop_token_ids) for r in wave]
+        tops = [max(0, int(r.params.top_logprobs)) for r in wave]
         now = time.perf_counter()
-        for r in wave:
+        for r, top in zip(wave, tops, strict=True):
             r.started = now
+            if top:
+                r.top_logprobs = []
 
         active = list(range(batch))  # row -> index into `wave`
         cache = DynamicCache()
@@ -274,11 +282,17 @@ class EmbeddedEngine(InferenceEngine):
 
         while True:
             # the behaviour policy is the temperature-scaled one (greedy rows: raw logits)
-            logprobs = torch.log_softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1)
+            logprobs = torch.log_softmax(
+                logits / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1
+            )
             tokens = _sample(logits, temps, top_ps, generators)
             chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
             tok_list = tokens.tolist()
             lp_list = chosen.tolist()
+            want_top = max(tops[widx] for widx in active)
+            if want_top:
+                top_vals, top_ids = logprobs.topk(want_top, dim=-1)
+                top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
             keep: list[int] = []
             for row, widx in enumerate(active):
                 r = wave[widx]
@@ -289,10 +303,16 @@ class EmbeddedEngine(InferenceEngine):
                 r.output_ids.append(tok)
                 r.logprobs.append(lp_list[row])
                 r.versions.append(version)
+                alts: TopLogprobs | None = None
+                if r.top_logprobs is not None:
+                    k = tops[widx]
+                    alts = list(zip(top_ids_l[row][:k], top_vals_l[row][:k], strict=True))
+                    r.top_logprobs.append(alts)
                 if r.chunks is not None:
-                    r.loop.call_soon_threadsafe(
-                        r.chunks.put_nowait, TokenChunk([tok], [lp_list[row]], [version])
+                    chunk = TokenChunk(
+                        [tok], [lp_list[row]], [version], None if alts is None else [alts]
                     )
+                    r.loop.call_soon_threadsafe(r.chunks.put_nowait, chunk)
                 if tok in stops[widx]:
                     self._finish(r, None, "stop")
                 elif len(r.output_ids) >= r.params.max_new_tokens:
@@ -343,6 +363,7 @@ class EmbeddedEngine(InferenceEngine):
                         finish_reason=reason,  # type: ignore[arg-type]
                         queue_s=(r.started or end) - r.submitted,
                         gen_s=end - (r.started or end),
+                        top_logprobs=r.top_logprobs,
                     )
                 )
 

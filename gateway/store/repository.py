@@ -154,6 +154,30 @@ class Repository:
         best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
         return best.id, best.prompt_ids, best.output_ids
 
+    def request_rows(self, session_id: str, request_hash: str, n: int) -> list[dict[str, Any]]:
+        """The `n` choices of the latest request of the session with this body hash.
+
+        Empty when there is none, or when not all of its choices were recorded.
+        """
+        c = CompletionRow.__table__
+        with self.engine.connect() as conn:
+            first = conn.execute(
+                select(c.c.id)
+                .where(
+                    c.c.session_id == session_id,
+                    c.c.request_hash == request_hash,
+                    c.c.choice_index == 0,
+                )
+                .order_by(c.c.created_at.desc())
+                .limit(1)
+            ).first()
+            if first is None:
+                return []
+            ids = [first.id] + [f"{first.id}-{i}" for i in range(1, n)]
+            rows = conn.execute(select(c).where(c.c.id.in_(ids))).all()
+        out = sorted((completion_dict(r._mapping) for r in rows), key=lambda d: d["choice_index"])
+        return out if len(out) == n else []
+
     # ---- rewards ---------------------------------------------------------------------
     def set_rewards(self, rewards: dict[str, float]) -> int:
         """Upsert rewards by completion id (the same call twice leaves the same state)."""
@@ -195,4 +219,5 @@ def completion_dict(m: Any) -> dict[str, Any]:
         tokens_continue_parent=m["tokens_continue_parent"],
         timings=dict(queue_s=m["queue_s"], gen_s=m["gen_s"], total_s=m["total_s"]),
         reward=m["reward"],
+        choice_index=m["choice_index"],
     )

@@ -52,5 +52,12 @@ class CompletionRow(Base):
     total_s: Mapped[float] = mapped_column(Float, default=0.0)
     reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     reward_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # hash of the request body: a client retry (same body) is answered from these rows
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # which of the request's `n` choices this is (its id is `<choice 0's id>-<index>`)
+    choice_index: Mapped[int] = mapped_column(Integer, default=0)
 
-    __table_args__ = (Index("ix_completions_session_prefix", "session_id", "prefix_hash"),)
+    __table_args__ = (
+        Index("ix_completions_session_prefix", "session_id", "prefix_hash"),
+        Index("ix_completions_session_request", "session_id", "request_hash"),
+    )

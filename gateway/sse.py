@@ -1,0 +1,29 @@
+"""Server-sent events, as the OpenAI SDKs read them: `data: {json}\\n\\n` ... `data: [DONE]`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from gateway.errors import APIError, error_body
+
+SSE_DONE = b"data: [DONE]\n\n"
+_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def sse_event(data: dict[str, Any], event: str | None = None) -> bytes:
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def sse_error(exc: APIError) -> bytes:
+    """An error after the stream began: the SDKs raise it from the `error` key."""
+    return sse_event(error_body(exc.status, exc.message, exc.code, exc.param))
+
+
+def sse_response(body: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers=_HEADERS)
