@@ -76,3 +76,42 @@ class RewardRequest(BaseModel):
         if self.completion_id is not None:
             out[self.completion_id] = self.reward
         return out
+
+
+class CompletionRequest(BaseModel):
+    """`POST /v1/completions`: a prompt as text or token ids (or a list of either)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "default"
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: Any) -> Any:
+        if isinstance(prompt, (str, list)) and len(prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        if isinstance(prompt, list) and any(
+            isinstance(p, (str, list)) and len(p) == 0 for p in prompt
+        ):
+            raise ValueError("prompt must not contain an empty prompt")
+        return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of a (possibly batched) request, each text or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 
 from gateway.auth import Caller
-from gateway.protocol import ChatCompletionRequest
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.serving_completions import CompletionService
 from gateway.serving_core import request_hash
 from gateway.state import GatewayState, get_state, session_caller
 
@@ -32,6 +33,22 @@ async def chat_completions(
 ) -> Any:
     assert caller.session is not None
     return await state.chat.create(
+        body,
+        caller.session,
+        body_hash=request_hash(await request.body()),
+        retry_count=retry_count(request),
+    )
+
+
+@router.post("/completions", response_model=None)
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    caller: Annotated[Caller, Depends(session_caller)],
+    state: Annotated[GatewayState, Depends(get_state)],
+) -> Any:
+    assert caller.session is not None
+    return await CompletionService(state.core).create(
         body,
         caller.session,
         body_hash=request_hash(await request.body()),
