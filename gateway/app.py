@@ -8,7 +8,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.api import health_routes, openai_routes, reward_routes, session_routes
+from gateway.api import (
+    health_routes,
+    openai_routes,
+    responses_routes,
+    reward_routes,
+    session_routes,
+)
 from gateway.auth import KeyRing
 from gateway.chat_template import ChatRenderer
 from gateway.config import GatewayConfig
@@ -74,6 +80,6 @@ def create_app(
     app.state.gateway = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    for module in (openai_routes, session_routes, reward_routes, health_routes):
+    for module in (openai_routes, responses_routes, session_routes, reward_routes, health_routes):
         app.include_router(module.router)
     return app

@@ -125,6 +125,15 @@ class Repository:
             ).all()
         return [completion_dict(r._mapping) for r in rows]
 
+    def completion(self, session_id: str, completion_id: str) -> dict[str, Any] | None:
+        """One completion of this session (None if unknown, or another session's)."""
+        c = CompletionRow.__table__
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(c).where(c.c.id == completion_id, c.c.session_id == session_id)
+            ).first()
+        return None if row is None else completion_dict(row._mapping)
+
     def completion_owner(self, completion_ids: list[str]) -> dict[str, str]:
         c = CompletionRow.__table__
         with self.engine.connect() as conn:

@@ -57,16 +57,6 @@ class Case:
         return f"{self.client}-{self.mode}"
 
 
-class ResponsesEndpointMissing(Exception):
-    """The gateway has no POST /v1/responses yet (issue 3, item 5)."""
-
-
-RESPONSES_XFAIL = pytest.mark.xfail(
-    reason="/v1/responses not implemented yet",
-    raises=ResponsesEndpointMissing,
-    strict=True,
-)
-
 CASES = [
     Case("openai", "sync", streams=False),
     Case("openai", "async", streams=False),
@@ -84,8 +74,7 @@ CASES = [
 
 
 def params() -> list[Any]:
-    marks = {True: [RESPONSES_XFAIL], False: []}
-    return [pytest.param(c, id=c.id, marks=marks[c.responses_api]) for c in CASES]
+    return [pytest.param(c, id=c.id) for c in CASES]
 
 
 def client_python(name: str) -> Path:
@@ -246,10 +235,6 @@ def test_client_tool_conversation_is_recorded_and_rewardable(
     python = client_python(case.client)  # fail fast, before starting a gateway
     assert python.exists()
     gateway = gateway_factory(reply_ids=weather_reply(tokenizer))
-    if case.responses_api and not any(
-        getattr(r, "path", None) == "/v1/responses" for r in gateway.app.routes
-    ):
-        raise ResponsesEndpointMissing("the gateway has no POST /v1/responses route")
     session_id, api_key = new_session(gateway, metadata={"client": case.id})
 
     seen = run_client(case, gateway.url, api_key)
