@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -69,6 +70,10 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.recorder.start()
         await state.engine.start()
+        # Hundreds of thousands of long-lived objects (tokenizer, torch, transformers)
+        # would otherwise be re-scanned by every full GC, stalling the event loop for
+        # ~0.3 s at a time under load (docs/benchmarks.md).
+        gc.freeze()
         log.info("gateway ready: engine=%s version=%d", state.engine.name, state.engine.version)
         try:
             yield

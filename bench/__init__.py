@@ -1,0 +1,1 @@
+"""Benchmarks of the gateway (see docs/benchmarks.md); run from the repository root."""

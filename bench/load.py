@@ -1,0 +1,223 @@
+"""Load generator: N concurrent agents, each running multi-turn chats, non-streaming.
+
+Every agent runs conversations back to back. A conversation is `turns` chat completions
+in one session: each turn sends the whole history, then appends the assistant's answer
+and a new user message, as an agent does. The same code drives the gateway (a session
+key per conversation) and an engine called directly (no key).
+
+It uses aiohttp: an httpx client tops out near 300 requests/s on one core, which would
+make the load generator the bottleneck (see DESIGN.md, "Targets").
+
+    python -m bench.load --url http://127.0.0.1:8000/v1 --admin-key KEY -c 16 -n 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+SYSTEM = "You are a helpful assistant. Answer briefly."
+
+
+def question(conversation: int, turn: int) -> str:
+    return f"Conversation {conversation}, question {turn}: what is {turn + 2} + {turn + 2}?"
+
+
+@dataclass(slots=True)
+class Conversation:
+    """Who the agent is for one conversation: a gateway session, or nobody (direct)."""
+
+    session_id: str | None = None
+    api_key: str | None = None
+
+
+@dataclass(slots=True)
+class Record:
+    """One 200 answer: what the store check looks for."""
+
+    response_id: str
+    session_id: str | None
+    conversation: int
+    turn: int
+
+
+@dataclass
+class LevelResult:
+    target: str
+    concurrency: int
+    turns: int
+    wall_s: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)  # 200s only
+    statuses: Counter[int] = field(default_factory=Counter)  # 0 = transport error
+    errors: list[str] = field(default_factory=list)  # the first few, for the report
+    records: list[Record] = field(default_factory=list)
+    client_cpu_s: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def ok(self) -> int:
+        return self.statuses.get(200, 0)
+
+    @property
+    def failed(self) -> int:
+        return self.requests - self.ok
+
+    @property
+    def rps(self) -> float:
+        return self.ok / self.wall_s if self.wall_s else 0.0
+
+    def pct(self, q: float) -> float:
+        return percentile(sorted(self.latencies_ms), q)
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.latencies_ms)
+        return {
+            "target": self.target,
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "ok": self.ok,
+            "statuses": dict(self.statuses),
+            "wall_s": round(self.wall_s, 3),
+            "rps": round(self.rps, 1),
+            "p50_ms": round(percentile(lat, 50), 3),
+            "p90_ms": round(percentile(lat, 90), 3),
+            "p99_ms": round(percentile(lat, 99), 3),
+            "mean_ms": round(sum(lat) / len(lat), 3) if lat else float("nan"),
+            "client_cpu_s": round(self.client_cpu_s, 3),
+            "errors": self.errors[:5],
+        }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (NaN when empty)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+def connector(concurrency: int) -> aiohttp.TCPConnector:
+    return aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, enable_cleanup_closed=True)
+
+
+async def create_sessions(
+    base_url: str, admin_key: str | None, n: int, concurrency: int = 8
+) -> list[Conversation]:
+    """Open `n` gateway sessions through the admin API (`POST /v1/sessions`)."""
+    headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
+    out: list[Conversation] = []
+    todo = iter(range(n))
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        for _ in todo:
+            async with http.post(
+                f"{base_url}/sessions", json={"metadata": {"bench": True}}, headers=headers
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 201:
+                    raise RuntimeError(f"creating a session: HTTP {resp.status}: {body[:300]!r}")
+                info = json.loads(body)
+            out.append(Conversation(info["id"], info["api_key"]))
+
+    async with aiohttp.ClientSession(connector=connector(concurrency)) as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    return out
+
+
+async def run_level(
+    base_url: str,
+    target: str,
+    concurrency: int,
+    conversations: list[Conversation],
+    turns: int = 4,
+    model: str = "default",
+    timeout_s: float = 60.0,
+    first_conversation: int = 0,
+) -> LevelResult:
+    """Run every conversation (each `turns` requests) with `concurrency` agents at once."""
+    result = LevelResult(target, concurrency, turns)
+    url = f"{base_url}/chat/completions"
+    next_conv = iter(enumerate(conversations, start=first_conversation))
+
+    async def one_conversation(http: aiohttp.ClientSession, number: int, conv: Conversation):
+        headers = {"content-type": "application/json"}
+        if conv.api_key:
+            headers["authorization"] = f"Bearer {conv.api_key}"
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": question(number, 0)},
+        ]
+        for turn in range(turns):
+            body = json.dumps(
+                {"model": model, "messages": messages, "max_tokens": 32, "temperature": 1.0}
+            ).encode()
+            t0 = time.perf_counter()
+            try:
+                async with http.post(url, data=body, headers=headers) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                result.statuses[0] += 1
+                result.errors.append(f"{type(exc).__name__}: {exc}")
+                return  # the conversation cannot go on without its answer
+            elapsed_ms = (time.perf_counter() - t0) * 1000.0
+            result.statuses[status] += 1
+            if status != 200:
+                result.errors.append(f"HTTP {status}: {raw[:300]!r}")
+                return
+            answer = json.loads(raw)
+            result.latencies_ms.append(elapsed_ms)
+            result.records.append(Record(answer["id"], conv.session_id, number, turn))
+            content = answer["choices"][0]["message"].get("content") or ""
+            messages.append({"role": "assistant", "content": content})
+            messages.append({"role": "user", "content": question(number, turn + 1)})
+
+    async def agent(http: aiohttp.ClientSession) -> None:
+        for number, conv in next_conv:
+            await one_conversation(http, number, conv)
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector(concurrency), timeout=timeout) as http:
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(agent(http) for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - t0
+        result.client_cpu_s = time.process_time() - cpu0
+    return result
+
+
+async def _main(args: argparse.Namespace) -> None:
+    base = args.url.rstrip("/")
+    n_conv = max(1, args.requests // args.turns)
+    if args.direct:
+        convs = [Conversation() for _ in range(n_conv)]
+    else:
+        convs = await create_sessions(base, args.admin_key, n_conv)
+    res = await run_level(base, "cli", args.concurrency, convs, args.turns, args.model)
+    print(json.dumps(res.summary(), indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Multi-turn chat load against an OpenAI-style URL.")
+    p.add_argument("--url", required=True, help="base URL ending in /v1")
+    p.add_argument("--admin-key", help="gateway admin key (sessions are created with it)")
+    p.add_argument("--direct", action="store_true", help="no sessions: an engine called directly")
+    p.add_argument("-c", "--concurrency", type=int, default=16)
+    p.add_argument("-n", "--requests", type=int, default=2000)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--model", default="default")
+    asyncio.run(_main(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
