@@ -30,25 +30,30 @@ class GatewayState:
     chat: ChatService
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
 # FastAPI dependencies: who is calling, and may they.
-def session_caller(request: Request) -> Caller:
-    """A live session's key (for the OpenAI routes)."""
-    return get_state(request).keys.resolve(request, allow_admin=False)
+async def session_caller(request: Request) -> Caller:
+    """A live session's key (for the OpenAI routes).
+
+    `async` on purpose: a plain `def` dependency costs a thread-pool hop per request
+    (docs/benchmarks.md); the key cache answers almost every call without I/O, and a
+    miss is one indexed SQLite read.
+    """
+    return request.app.state.gateway.keys.resolve(request, allow_admin=False)
 
 
 def any_caller(request: Request) -> Caller:
     """The admin, or a session key (ended sessions may still read and reward)."""
-    return get_state(request).keys.resolve(request, allow_admin=True, allow_ended=True)
+    return request.app.state.gateway.keys.resolve(request, allow_admin=True, allow_ended=True)
 
 
 def admin_caller(request: Request) -> Caller:
     from gateway.errors import APIError
 
-    caller = get_state(request).keys.resolve(request, allow_admin=True, allow_ended=True)
+    caller = request.app.state.gateway.keys.resolve(request, allow_admin=True, allow_ended=True)
     if not caller.is_admin:
         raise APIError(
             403, "This endpoint needs the admin key.", code="admin_key_required", retryable=False
