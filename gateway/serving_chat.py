@@ -24,22 +24,22 @@ from gateway.linking import candidate_parent_hashes, conversation_hash
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest
 from gateway.serving_core import (
+    STREAM_END,
     Admission,
     ChoiceOutput,
+    Frames,
     ServingCore,
     TextDelta,
     Tracked,
     Turn,
     choice_ids,
 )
-from gateway.sse import sse_error, sse_response
+from gateway.sse import sse_response
 from gateway.store.repository import SessionInfo
 from gateway.tool_parsing import ContentEvent, Event, ToolCall, ToolCallEvent, ToolCallParser
 from gateway.tool_prompt import forced_tool, tool_name
 
 log = logging.getLogger(__name__)
-
-_END = None  # end of a stream's queue
 
 
 class ChatService:
@@ -266,36 +266,15 @@ class ChatService:
 
         Errors before the first token (a dead engine, say) still get their HTTP status.
         """
-        queue: asyncio.Queue[bytes | APIError | None] = asyncio.Queue()
-        cancel = asyncio.Event()
-        self.core.spawn(self._produce(req, turn, queue, cancel, admission, tracked))
-        first = await queue.get()
-        if isinstance(first, APIError):
-            raise first
-        if first is _END:
-            raise APIError(500, "the stream ended before it began", code="internal_error")
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                yield first
-                while True:
-                    item = await queue.get()
-                    if item is _END:
-                        return
-                    if isinstance(item, APIError):
-                        yield sse_error(item)
-                        return
-                    yield item
-            finally:
-                cancel.set()  # the client is gone (or done): stop generating for it
-
-        return sse_response(relay())
+        return await self.core.stream_response(
+            lambda queue, cancel: self._produce(req, turn, queue, cancel, admission, tracked)
+        )
 
     async def _produce(
         self,
         req: ChatCompletionRequest,
         turn: Turn,
-        queue: asyncio.Queue[bytes | APIError | None],
+        queue: Frames,
         cancel: asyncio.Event,
         admission: Admission,
         tracked: Tracked,
@@ -317,7 +296,7 @@ class ChatService:
             queue.put_nowait(_api_error(exc))
             raise
         finally:
-            queue.put_nowait(_END)
+            queue.put_nowait(STREAM_END)
             admission.release()
             tracked.done()
 
@@ -327,7 +306,7 @@ class ChatService:
         turn: Turn,
         index: int,
         frames: ChunkWriter,
-        queue: asyncio.Queue[bytes | APIError | None],
+        queue: Frames,
         cancel: asyncio.Event,
     ) -> ChoiceOutput:
         parser = self._parser(req)

@@ -21,8 +21,16 @@ from openai.types.completion_usage import CompletionUsage
 
 from gateway.errors import APIError
 from gateway.protocol import CompletionRequest
-from gateway.serving_core import ChoiceOutput, ServingCore, TextDelta, Turn, choice_ids
-from gateway.sse import SSE_DONE, sse_error, sse_event, sse_response
+from gateway.serving_core import (
+    STREAM_END,
+    ChoiceOutput,
+    Frames,
+    ServingCore,
+    TextDelta,
+    Turn,
+    choice_ids,
+)
+from gateway.sse import SSE_DONE, sse_event, sse_response
 from gateway.store.repository import SessionInfo
 
 
@@ -129,10 +137,17 @@ class CompletionService:
         )
 
     async def _one(
-        self, req: CompletionRequest, turn: Turn, prompt_index: int, i: int, stream_to: Any = None
+        self,
+        req: CompletionRequest,
+        turn: Turn,
+        prompt_index: int,
+        i: int,
+        stream_to: Any = None,
+        cancel: asyncio.Event | None = None,
     ) -> ChoiceOutput:
         out: ChoiceOutput | None = None
-        async for item in self.core.generate(turn, i, stream=stream_to is not None):
+        stream = stream_to is not None
+        async for item in self.core.generate(turn, i, stream=stream, cancel=cancel):
             if isinstance(item, ChoiceOutput):
                 out = item
             elif stream_to is not None and item.text:
@@ -258,39 +273,22 @@ class CompletionService:
     async def _stream(
         self, req: CompletionRequest, turns: list[Turn], admission: Any, tracked: Any
     ) -> StreamingResponse:
-        queue: asyncio.Queue[bytes | APIError | None] = asyncio.Queue()
         cid = turns[0].ids[0]
 
-        async def emit(index: int, delta: TextDelta) -> None:
-            queue.put_nowait(
-                self._chunk(
-                    req,
-                    cid,
-                    index,
-                    delta.text,
-                    None,
-                    self._logprobs(req, delta.token_ids, delta.logprobs, delta.top_logprobs),
-                )
-            )
+        async def produce(queue: Frames, cancel: asyncio.Event) -> None:
+            async def emit(index: int, delta: TextDelta) -> None:
+                lp = self._logprobs(req, delta.token_ids, delta.logprobs, delta.top_logprobs)
+                queue.put_nowait(self._chunk(req, cid, index, delta.text, None, lp))
 
-        async def produce() -> None:
             try:
                 if req.echo:
                     for k, t in enumerate(turns):
+                        text = self.tokenizer.decode(t.prompt_ids)
                         for i in range(req.n):
-                            queue.put_nowait(
-                                self._chunk(
-                                    req,
-                                    cid,
-                                    k * req.n + i,
-                                    self.tokenizer.decode(t.prompt_ids),
-                                    None,
-                                    None,
-                                )
-                            )
+                            queue.put_nowait(self._chunk(req, cid, k * req.n + i, text, None, None))
                 outs = await asyncio.gather(
                     *(
-                        self._one(req, t, k, i, emit)
+                        self._one(req, t, k, i, emit, cancel)
                         for k, t in enumerate(turns)
                         for i in range(req.n)
                     )
@@ -320,22 +318,8 @@ class CompletionService:
                     APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
                 )
             finally:
-                queue.put_nowait(None)
+                queue.put_nowait(STREAM_END)
                 admission.release()
                 tracked.done()
 
-        self.core.spawn(produce())
-        first = await queue.get()
-        if isinstance(first, APIError):
-            raise first
-
-        async def relay() -> AsyncIterator[bytes]:
-            item = first
-            while item is not None:
-                if isinstance(item, APIError):
-                    yield sse_error(item)
-                    return
-                yield item
-                item = await queue.get()
-
-        return sse_response(relay())
+        return await self.core.stream_response(produce)

@@ -22,11 +22,12 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
 
 from gateway.chat_template import ChatRenderer
 from gateway.config import GatewayConfig
@@ -43,6 +44,7 @@ from gateway.engines.base import (
 from gateway.errors import APIError
 from gateway.linking import tokens_continue
 from gateway.metrics import Metrics
+from gateway.sse import sse_error, sse_response
 from gateway.store.codec import pack_floats, pack_ints, unpack_ints
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository
@@ -50,6 +52,10 @@ from gateway.store.repository import Repository
 log = logging.getLogger(__name__)
 
 Parent = tuple[str, list[int], list[int]]  # completion id, its prompt ids, its output ids
+
+# What a stream's producer task queues: SSE frames, an error, or None (the end).
+Frames = asyncio.Queue[bytes | APIError | None]
+STREAM_END = None
 
 
 def request_hash(body: bytes) -> str:
@@ -415,6 +421,43 @@ class ServingCore:
             self.metrics.inc("turnstile_prompt_tokens_total", len(turn.prompt_ids))
         self.metrics.inc("turnstile_completion_tokens_total", n)
         self.metrics.observe("turnstile_completion_seconds", time.perf_counter() - turn.started)
+
+    # ---- streaming -------------------------------------------------------------------
+    async def stream_response(
+        self,
+        produce: Callable[[Frames, asyncio.Event], Coroutine[Any, Any, None]],
+        error_frame: Callable[[APIError], bytes] = sse_error,
+    ) -> StreamingResponse:
+        """Run `produce(queue, cancel)` in a task of its own, so that its records are made
+        even if the client leaves; the response only relays what it queues.
+
+        An error before the first frame (a dead engine, say) still gets its HTTP status;
+        a later one becomes `error_frame(exc)`. `cancel` is set once the client is gone.
+        """
+        queue: Frames = asyncio.Queue()
+        cancel = asyncio.Event()
+        self.spawn(produce(queue, cancel))
+        first = await queue.get()
+        if isinstance(first, APIError):
+            raise first
+        if first is STREAM_END:
+            raise APIError(500, "the stream ended before it began", code="internal_error")
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                yield first
+                while True:
+                    item = await queue.get()
+                    if item is STREAM_END:
+                        return
+                    if isinstance(item, APIError):
+                        yield error_frame(item)
+                        return
+                    yield item
+            finally:
+                cancel.set()  # the client is gone (or done): stop generating for it
+
+        return sse_response(relay())
 
     # ---- background work -------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

@@ -58,7 +58,15 @@ from gateway.errors import APIError
 from gateway.linking import candidate_parent_hashes, conversation_hash
 from gateway.metrics import Metrics
 from gateway.protocol_responses import ResponsesRequest
-from gateway.serving_core import Admission, ChoiceOutput, ServingCore, Tracked, Turn
+from gateway.serving_core import (
+    STREAM_END,
+    Admission,
+    ChoiceOutput,
+    Frames,
+    ServingCore,
+    Tracked,
+    Turn,
+)
 from gateway.sse import sse_event, sse_response
 from gateway.store.repository import SessionInfo
 from gateway.tool_parsing import ContentEvent, Event, ToolCall, ToolCallParser
@@ -67,7 +75,6 @@ from gateway.tool_prompt import forced_tool, tool_name
 log = logging.getLogger(__name__)
 
 ENDPOINT = "responses"
-_END = None  # end of a stream's queue
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 
 
@@ -633,37 +640,17 @@ class ResponsesService:
         """Generate in a task of its own, so that the record is made even if the client
         leaves; the response relays what that task queues. An error before the first
         token (a dead engine) still gets its HTTP status."""
-        queue: asyncio.Queue[bytes | APIError | None] = asyncio.Queue()
-        cancel = asyncio.Event()
         writer = EventWriter()
-        self.core.spawn(self._produce(answer, writer, queue, cancel, admission, tracked))
-        first = await queue.get()
-        if isinstance(first, APIError):
-            raise first
-        if first is _END:
-            raise APIError(500, "the stream ended before it began", code="internal_error")
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                yield first
-                while True:
-                    item = await queue.get()
-                    if item is _END:
-                        return
-                    if isinstance(item, APIError):
-                        yield writer.error(item)
-                        return
-                    yield item
-            finally:
-                cancel.set()  # the client is gone (or done): stop generating for it
-
-        return sse_response(relay())
+        return await self.core.stream_response(
+            lambda queue, cancel: self._produce(answer, writer, queue, cancel, admission, tracked),
+            writer.error,
+        )
 
     async def _produce(
         self,
         answer: Answer,
         writer: EventWriter,
-        queue: asyncio.Queue[bytes | APIError | None],
+        queue: Frames,
         cancel: asyncio.Event,
         admission: Admission,
         tracked: Tracked,
@@ -707,7 +694,7 @@ class ResponsesService:
             queue.put_nowait(_api_error(exc))
             raise
         finally:
-            queue.put_nowait(_END)
+            queue.put_nowait(STREAM_END)
             admission.release()
             tracked.done()
 
