@@ -13,9 +13,10 @@ import yaml
 
 @dataclass
 class AgentConfig:
-    mode: str = "inline"  # inline | subproc (subproc: later)
+    mode: str = "inline"  # inline | subproc (a process pool; the agent must pickle)
     turn_discount: float = 1.0
-    export_style: str = "individual"
+    export_style: str = "individual"  # individual | concat
+    subproc_max_workers: int = 4
 
 
 @dataclass
@@ -23,6 +24,8 @@ class RolloutConfig:
     batch_size: int = 4  # prompts per training step
     group_size: int = 8  # agent runs per prompt (the GRPO group)
     max_concurrent: int = 64  # agent runs in flight at once
+    # How many policy versions rollouts may run ahead of training; 0 = synchronous.
+    max_staleness: int = 0
     agent: AgentConfig = field(default_factory=AgentConfig)
 
 
@@ -34,20 +37,29 @@ class GatewaySection:
     max_batch_size: int = 64
     default_max_tokens: int = 256
     admin_key: str | None = None
+    engine: str = "embedded"  # embedded | sglang
+    # sglang: one URL (a server or an sglang-router) or several (sticky per session)
+    engine_urls: list[str] = field(default_factory=list)
 
 
 @dataclass
 class TrainConfig:
-    algorithm: str = "grpo"  # grpo | reinforce
+    algorithm: str = "grpo"  # grpo (decoupled PPO objective) | reinforce
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     eps_clip: float = 0.2
+    # Cap on the behaviour/proximal importance weight of stale tokens (decoupled PPO).
+    behav_imp_weight_cap: float = 5.0
     zero_stage: int = 0
     micro_batch_tokens: int = 1024
     adv_norm: str = "group"  # group | batch | none
     warmup_steps: int = 0
+    # A TrainEngine subclass ("module.Class" / "file.py:Class") and the method of it
+    # that trains one batch of token-level rollouts (the RolloutWorkflow path).
+    engine_class: str | None = None
+    step_method: str = "train_step"
 
 
 @dataclass
@@ -68,6 +80,15 @@ class TrainerConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     save_every: int = 0  # 0 = only at the end
     log_every: int = 1
+    # Resume from the newest checkpoint in run_dir (step count, optimizer, data order).
+    resume: bool = False
+    checkpoint_every: int = 0  # DeepSpeed checkpoints for resume; 0 = only at the end
+    tensorboard: bool = True
+    # Python files to import first (they may call register_agent / register_env).
+    imports: list[str] = field(default_factory=list)
+    # The queue-based agent API: a registered agent and environment, by name.
+    agent: dict[str, Any] = field(default_factory=dict)  # {name: ..., args: {...}}
+    env: dict[str, Any] = field(default_factory=dict)  # {name: ..., args: {...}}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
