@@ -30,6 +30,9 @@ class Episode:
     num_completions: int = 0
     error: str | None = None
     no_reward: bool = False
+    # Token-level workflows: the per-sequence tensors `arun_episode` / an agent returned,
+    # handed as they are to a custom TrainEngine (`train.engine_class`).
+    raw: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RewardShapeError(ValueError):
