@@ -5,10 +5,14 @@ flow backwards along each branch: a completion's return is its own reward plus
 `turn_discount` times its child's return (the mean over children where the
 conversation branched). The result depends only on the tree, never on the order the
 rows were inserted in.
+
+Styles: `individual` (here) trains each completion as its own sequence; `concat`
+(gateway/export_concat.py) joins the turns of a conversation into one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +31,9 @@ class Sample:
     returns: float  # discounted return along its branch
     temperature: float = 1.0  # sampling temperature: logprobs are of logits / temperature
     meta: dict[str, Any] = field(default_factory=dict)
+    # Per-token return (each output token gets its own turn's return along the sample's
+    # path, masked tokens 0.0); None where one turn is one sample (`returns` says it).
+    token_returns: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,19 +96,22 @@ def individual_samples(
                 versions=[-1] * len(prompt) + list(c["output_versions"]),
                 reward=0.0 if c.get("reward") is None else float(c["reward"]),
                 returns=returns[c["id"]],
-                temperature=_temperature(c),
+                temperature=sampling_temperature(c),
                 meta={"finish_reason": c.get("finish_reason"), "parent_id": c.get("parent_id")},
             )
         )
     return samples
 
 
-def _temperature(completion: dict[str, Any]) -> float:
+def sampling_temperature(completion: dict[str, Any]) -> float:
+    """The temperature its logprobs were taken at (greedy and unset count as 1.0)."""
     t = (completion.get("request") or {}).get("temperature")
     return 1.0 if t is None or t <= 0 else float(t)
 
 
-EXPORT_STYLES = {"individual": individual_samples}
+ExportStyle = Callable[[str, list[dict[str, Any]], float], list[Sample]]
+# gateway.export_concat adds "concat" (imported at the bottom: it builds on Sample).
+EXPORT_STYLES: dict[str, ExportStyle] = {"individual": individual_samples}
 
 
 def trainable(completions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,3 +137,6 @@ def export_session(
             f"unknown export_style {style!r}; choose one of {sorted(EXPORT_STYLES)}"
         ) from None
     return fn(session_id, trainable(completions), turn_discount)
+
+
+import gateway.export_concat  # noqa: E402, F401  (registers EXPORT_STYLES["concat"])
