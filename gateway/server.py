@@ -11,6 +11,8 @@ import ipaddress
 import socket
 import threading
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -18,6 +20,8 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engines.base import InferenceEngine
 from gateway.state import GatewayState
+
+T = TypeVar("T")
 
 
 def is_loopback(host: str) -> bool:
@@ -64,6 +68,7 @@ class BackgroundGateway:
             )
         )
         self._thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the gateway's, once started
 
     @property
     def url(self) -> str:
@@ -74,9 +79,16 @@ class BackgroundGateway:
         return self.state.engine
 
     def start(self, timeout_s: float = 300.0) -> BackgroundGateway:
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._server.serve()), name="gateway", daemon=True
-        )
+        def serve() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(self._server.serve())
+            finally:
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.close()
+
+        self._thread = threading.Thread(target=serve, name="gateway", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -86,6 +98,12 @@ class BackgroundGateway:
                 raise TimeoutError("gateway did not start in time")
             time.sleep(0.05)
         return self
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run a coroutine on the gateway's loop (where its engine lives) and wait."""
+        if self.loop is None:
+            raise RuntimeError("the gateway is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     def stop(self) -> None:
         self._server.should_exit = True

@@ -1,4 +1,9 @@
-"""The policy under training, run by DeepSpeed (ZeRO 0-3; gloo on CPU, NCCL on GPUs)."""
+"""The policy under training, run by DeepSpeed (ZeRO 0-3; gloo on CPU, NCCL on GPUs).
+
+Two ways in: `train_step` is the built-in path (GRPO / decoupled PPO / REINFORCE on
+samples from the gateway, with only the trained positions sent through the LM head);
+`train_batch` is the TrainEngine API for user-written losses over full logits.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,12 @@ from typing import Any
 import torch
 
 from gateway.engines.model_source import load_causal_lm
+from trainer import distributed
+from trainer.batch_dicts import micro_batches, split_padded
 from trainer.config import TrainConfig
-from trainer.packing import PackedBatch, token_logprobs
+from trainer.packing import PackedBatch, padding_batch, token_logprobs
+from trainer.train_engine import LossFn as DictLossFn
+from trainer.train_engine import LossWeightFn, TrainEngine
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +62,7 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-class DeepSpeedPolicy:
+class DeepSpeedEngine(TrainEngine):
     def __init__(self, model_dir: Path, cfg: TrainConfig, device: str = "cpu") -> None:
         import deepspeed
 
@@ -67,6 +76,7 @@ class DeepSpeedPolicy:
         model = model.float()
         model.config.use_cache = False
         model.train()
+        self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
@@ -74,38 +84,55 @@ class DeepSpeedPolicy:
             model=model, optimizer=optimizer, config=deepspeed_config(cfg)
         )
         self.global_step = 0
+        self.rank = distributed.rank()
+        self.world = distributed.world_size()
 
     @property
     def module(self) -> torch.nn.Module:
         return self.engine.module
 
-    def train_step(self, batches: list[PackedBatch], loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step over all micro-batches (gradients accumulate in between)."""
+    def train(self, mode: bool = True) -> DeepSpeedEngine:
+        self.engine.train(mode)
+        return self
+
+    # ---- the built-in path -----------------------------------------------------------
+    def train_step(
+        self, batches: list[PackedBatch], loss_fn: LossFn, recompute_prox: bool = False
+    ) -> dict[str, float]:
+        """One optimizer step over all micro-batches (gradients accumulate in between).
+
+        Every rank gets the same `batches` and trains its own share. With
+        `recompute_prox`, each micro-batch first gets the current (pre-step) weights'
+        logprobs: the proximal policy of the decoupled PPO loss.
+        """
         started = time.perf_counter()
         total = sum(float(b.loss_mask.sum()) for b in batches)
         if total == 0:
             return {"loss": 0.0, "trained_tokens": 0.0}
-        loss_value = 0.0
+        mine = distributed.shard(batches, [b.num_tokens for b in batches], self.rank, self.world)
+        local_loss = 0.0
         merged: dict[str, float] = {}
-        for i, mb in enumerate(batches):
-            self.engine.set_gradient_accumulation_boundary(i == len(batches) - 1)
+        for i, mb in enumerate(mine):
+            mb = mb if mb is not None else padding_batch(self._pad_id)
+            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
+            if recompute_prox:
+                with torch.no_grad():
+                    mb.prox_logprobs = token_logprobs(self.engine, mb).cpu()
             logp = token_logprobs(self.engine, mb)
-            loss_sum, stats = loss_fn(logp, mb)
-            loss = loss_sum / total
+            if mb.is_padding:
+                loss = logp.sum() * 0.0
+            else:
+                loss_sum, stats = loss_fn(logp, mb)
+                # DeepSpeed averages gradients over ranks; every token weighs the same
+                loss = loss_sum / total * self.world
+                weight = float(mb.loss_mask.sum()) / total
+                for k, v in stats.items():
+                    merged[k] = merged.get(k, 0.0) + v * weight
             self.engine.backward(loss)
-            loss_value += float(loss.detach())
-            weight = float(mb.loss_mask.sum()) / total
-            for k, v in stats.items():
-                merged[k] = merged.get(k, 0.0) + v * weight
-        grad_norm = (
-            self.engine.get_global_grad_norm()
-            if hasattr(self.engine, "get_global_grad_norm")
-            else None
-        )
-        self.engine.step()
-        self.global_step += 1
+            local_loss += float(loss.detach()) / self.world
+        grad_norm = self._step()
         out = {
-            "loss": loss_value,
+            "loss": self._sum_over_ranks(local_loss),
             "trained_tokens": total,
             "packed_tokens": float(sum(b.num_tokens for b in batches)),
             "micro_batches": float(len(batches)),
@@ -113,11 +140,101 @@ class DeepSpeedPolicy:
             **merged,
         }
         if grad_norm is not None:
-            out["grad_norm"] = float(grad_norm)
+            out["grad_norm"] = grad_norm
         return out
 
+    # ---- the TrainEngine API ----------------------------------------------------------
+    def train_batch(
+        self,
+        data: dict[str, torch.Tensor],
+        loss_fn: DictLossFn,
+        loss_weight_fn: LossWeightFn,
+    ) -> dict[str, float]:
+        started = time.perf_counter()
+        mbs = micro_batches(split_padded(data), self.cfg.micro_batch_tokens)
+        weights = [float(loss_weight_fn(mb)) for mb in mbs]
+        total = sum(weights)
+        if total <= 0:
+            return {"loss": 0.0, "micro_batches": float(len(mbs))}
+        sizes = [int(mb["input_ids"].numel()) for mb in mbs]
+        mine = distributed.shard(list(zip(mbs, weights, strict=True)), sizes, self.rank, self.world)
+        local_loss = 0.0
+        for i, item in enumerate(mine):
+            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
+            if item is None:
+                logits = self._logits(self._padding_dict())
+                loss = logits.sum() * 0.0
+            else:
+                mb, w = item
+                loss = loss_fn(self._logits(mb), mb) * (w / total * self.world)
+            self.engine.backward(loss)
+            local_loss += float(loss.detach()) / self.world
+        grad_norm = self._step()
+        out = {
+            "loss": self._sum_over_ranks(local_loss),
+            "micro_batches": float(len(mbs)),
+            "packed_tokens": float(sum(sizes)),
+            "train_s": time.perf_counter() - started,
+        }
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm
+        return out
+
+    def eval_batch(
+        self,
+        data: dict[str, torch.Tensor],
+        loss_fn: DictLossFn,
+        loss_weight_fn: LossWeightFn,
+    ) -> float:
+        mbs = micro_batches(split_padded(data), self.cfg.micro_batch_tokens)
+        weights = [float(loss_weight_fn(mb)) for mb in mbs]
+        total = sum(weights) or 1.0
+        with torch.no_grad():
+            return sum(
+                float(loss_fn(self._logits(mb), mb)) * w / total
+                for mb, w in zip(mbs, weights, strict=True)
+            )
+
+    def _logits(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        device = next(self.engine.module.parameters()).device
+        out = self.engine(
+            input_ids=mb["input_ids"].long().unsqueeze(0).to(device),
+            position_ids=mb["position_ids"].long().unsqueeze(0).to(device),
+            use_cache=False,
+        )
+        return out.logits[0].float()
+
+    def _padding_dict(self) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.tensor([self._pad_id, self._pad_id]),
+            "position_ids": torch.tensor([0, 1]),
+        }
+
+    # ---- shared ----------------------------------------------------------------------
+    def _step(self) -> float | None:
+        grad_norm = (
+            self.engine.get_global_grad_norm()
+            if hasattr(self.engine, "get_global_grad_norm")
+            else None
+        )
+        self.engine.step()
+        self.global_step += 1
+        return None if grad_norm is None else float(grad_norm)
+
+    def _sum_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Whole (unpartitioned) weights, e.g. to push to the inference engine."""
+        """Whole (unpartitioned) weights, e.g. to push to the inference engine.
+
+        Collective under ZeRO-3: every rank must call it.
+        """
         module = self.engine.module
         if self.cfg.zero_stage == 3:
             import deepspeed
@@ -131,8 +248,29 @@ class DeepSpeedPolicy:
         """A plain Hugging Face folder that the gateway (or anyone) can load."""
         path.mkdir(parents=True, exist_ok=True)
         state = self.full_state_dict()
-        if int(os.environ.get("RANK", "0")) == 0:
+        if self.rank == 0:
             self.engine.module.save_pretrained(path, state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
         return path
+
+    def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
+        """DeepSpeed's own checkpoint (weights, optimizer shards); collective."""
+        tag = f"step{client_state.get('step', self.global_step)}"
+        self.engine.save_checkpoint(
+            str(path), tag=tag, client_state={**client_state, "global_step": self.global_step}
+        )
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        if not (Path(path) / "latest").is_file():
+            return None
+        load_path, client_state = self.engine.load_checkpoint(str(path))
+        if load_path is None:
+            return None
+        client_state = dict(client_state or {})
+        self.global_step = int(client_state.get("global_step", 0))
+        return client_state
+
+
+# The name the first releases used.
+DeepSpeedPolicy = DeepSpeedEngine

@@ -35,6 +35,47 @@ def ppo_clip_loss(
     return loss_sum, stats
 
 
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behav_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_clip: float = 0.2,
+    behav_imp_weight_cap: float = 5.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO for off-policy (stale) rollouts: trust region around the proximal policy.
+
+    The behaviour policy (the weights that sampled a token, maybe several versions old)
+    and the proximal policy (the weights at the start of this step) are kept apart:
+    the ratio pi/pi_prox is clipped as in PPO, and the whole term is reweighted by
+    pi_prox/pi_behav, truncated at `behav_imp_weight_cap` so one very stale token cannot
+    dominate the step. With fresh rollouts pi_prox == pi_behav and this is plain PPO.
+    """
+    log_ratio = (logprobs - prox_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip) * advantages
+    surrogate = -torch.minimum(unclipped, clipped)
+
+    behav_log_w = ((prox_logprobs - behav_logprobs) * mask).detach()
+    behav_w = torch.exp(behav_log_w).clamp(max=behav_imp_weight_cap)
+    loss_sum = (surrogate * behav_w * mask).sum()
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {
+            "clip_frac": float(((unclipped != clipped).float() * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+            "approx_kl": float(((ratio - 1 - log_ratio) * mask).sum() / n),
+            "behav_weight_mean": float((behav_w * mask).sum() / n),
+            "behav_weight_capped_frac": float(
+                ((torch.exp(behav_log_w) > behav_imp_weight_cap).float() * mask).sum() / n
+            ),
+        }
+    return loss_sum, stats
+
+
 def reinforce_loss(
     logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, float]]:

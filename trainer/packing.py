@@ -23,6 +23,10 @@ class PackedBatch:
     versions: torch.Tensor  # (T,) long; -1 where not generated
     num_seqs: int
     temperatures: torch.Tensor | None = None  # (T,) sampling temperature per token
+    # (T,) logprobs under the weights at the start of this step (decoupled PPO); None
+    # while every token is fresh, because then they equal `old_logprobs`.
+    prox_logprobs: torch.Tensor | None = None
+    is_padding: bool = False  # an empty stand-in that keeps data-parallel ranks in step
 
     @property
     def num_tokens(self) -> int:
@@ -30,28 +34,34 @@ class PackedBatch:
 
 
 def pack(
-    samples: list[dict[str, Any]], advantages: list[float], max_tokens: int
+    samples: list[dict[str, Any]], advantages: list[float | list[float]], max_tokens: int
 ) -> list[PackedBatch]:
     """Greedy first-fit by length; a sample longer than `max_tokens` gets a batch of its own."""
     if len(samples) != len(advantages):
         raise ValueError("one advantage per sample")
-    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["input_ids"]))
-    bins: list[list[int]] = []
-    sizes: list[int] = []
-    for i in order:
-        n = len(samples[i]["input_ids"])
-        for b, size in enumerate(sizes):
-            if size + n <= max_tokens:
-                bins[b].append(i)
-                sizes[b] += n
-                break
-        else:
-            bins.append([i])
-            sizes.append(n)
+    bins = first_fit([len(s["input_ids"]) for s in samples], max_tokens)
     return [_build(samples, advantages, idx) for idx in bins]
 
 
-def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int]) -> PackedBatch:
+def first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into bins of at most `max_tokens` (longest first; oversize alone)."""
+    bins: list[list[int]] = []
+    sizes: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for b, size in enumerate(sizes):
+            if size + lengths[i] <= max_tokens:
+                bins[b].append(i)
+                sizes[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            sizes.append(lengths[i])
+    return [sorted(b) for b in bins]
+
+
+def _build(
+    samples: list[dict[str, Any]], advantages: list[float | list[float]], idx: list[int]
+) -> PackedBatch:
     ids: list[int] = []
     pos: list[int] = []
     mask: list[float] = []
@@ -68,7 +78,8 @@ def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int
         m[0] = 0.0  # nothing predicts a sequence's first token
         mask += m
         old += s["logprobs"]
-        adv += [advantages[i]] * n
+        a = advantages[i]  # one per sample, or one per token (concat samples)
+        adv += list(a) if isinstance(a, (list, tuple)) else [a] * n
         ver += s["versions"]
         temp += [float(s.get("temperature", 1.0))] * n
     return PackedBatch(
@@ -80,6 +91,21 @@ def _build(samples: list[dict[str, Any]], advantages: list[float], idx: list[int
         versions=torch.tensor(ver, dtype=torch.long),
         num_seqs=len(idx),
         temperatures=torch.tensor(temp, dtype=torch.float32),
+    )
+
+
+def padding_batch(token_id: int = 0) -> PackedBatch:
+    """Two tokens, one 'trained' with zero advantage: a real forward and backward (so
+    ZeRO's collectives line up across ranks) that moves nothing."""
+    return PackedBatch(
+        input_ids=torch.tensor([[token_id, token_id]]),
+        position_ids=torch.tensor([[0, 1]]),
+        loss_mask=torch.tensor([0.0, 1.0]),
+        old_logprobs=torch.zeros(2),
+        advantages=torch.zeros(2),
+        versions=torch.full((2,), -1),
+        num_seqs=1,
+        is_padding=True,
     )
 
 

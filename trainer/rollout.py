@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 
 from trainer.gateway_client import GatewayAdmin, GatewayRequestError
+from trainer.subproc import SubprocAgentPool, check_picklable
+from trainer.workflow import WorkflowError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,16 @@ class RolloutRunner:
         export_style: str = "individual",
         turn_discount: float = 1.0,
         max_concurrent: int = 64,
+        mode: str = "inline",
+        subproc_max_workers: int = 4,
     ) -> None:
+        if mode not in ("inline", "subproc"):
+            raise WorkflowError(f"rollout.agent.mode must be 'inline' or 'subproc', got {mode!r}")
+        self.mode = mode
+        self._pool: SubprocAgentPool | None = None
+        if mode == "subproc":  # fail before any session: the agent must pickle
+            check_picklable(agent, "agent")
+            self._pool = SubprocAgentPool(subproc_max_workers)  # workers start lazily
         self.admin = admin
         self.base_url = base_url
         self.agent = agent
@@ -101,15 +112,22 @@ class RolloutRunner:
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:
+            if self._pool is not None:
+                check_picklable(data, "data")
             session_id, api_key = await self.admin.create_session({"group": group})
             ep = Episode(group=group, session_id=session_id)
             try:
-                value = await self.agent.run(
-                    copy.deepcopy(data),
-                    base_url=self.base_url,
-                    api_key=api_key,
-                    http_client=self.http_client,
-                )
+                if self._pool is not None:  # a worker process; URL and key via its env
+                    value = await self._pool.run(
+                        self.agent, data, base_url=self.base_url, api_key=api_key
+                    )
+                else:
+                    value = await self.agent.run(
+                        copy.deepcopy(data),
+                        base_url=self.base_url,
+                        api_key=api_key,
+                        http_client=self.http_client,
+                    )
             except Exception as exc:  # the agent's bug must not kill training
                 ep.error = f"{type(exc).__name__}: {exc}"
                 log.warning("agent run failed in session %s: %s", session_id, ep.error)
@@ -140,6 +158,11 @@ class RolloutRunner:
                 else:
                     ep.error = str(exc)
             return ep
+
+    async def close(self) -> None:
+        """Stop the subproc workers (if any); the trainer calls this when it is done."""
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.close)
 
     async def _end_quietly(self, session_id: str) -> None:
         try:

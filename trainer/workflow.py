@@ -16,10 +16,31 @@ class WorkflowError(ValueError):
 
 
 def load_workflow_class(spec: str | type) -> type:
+    cls = load_class(spec, "workflow")
+    if not (_is_async(cls, "run") or _is_async(cls, "arun_episode")):
+        raise WorkflowError(
+            f"{cls.__name__} needs `async def run(self, data, **extra_kwargs)` (an agent) or "
+            "`async def arun_episode(self, engine, data)` (a RolloutWorkflow)"
+        )
+    return cls
+
+
+def _is_async(obj: Any, name: str) -> bool:
+    return inspect.iscoroutinefunction(getattr(obj, name, None))
+
+
+def import_files(paths: list[str]) -> None:
+    """Import Python files by path, e.g. ones that call register_agent / register_env."""
+    for path in paths:
+        _load_file_module(path)
+
+
+def load_class(spec: str | type, what: str = "class") -> type:
+    """A class from "module.Class" or "path/file.py:Class"."""
     if isinstance(spec, type):
         cls = spec
     elif not isinstance(spec, str) or not spec:
-        raise WorkflowError(f"workflow must be a class or a string, got {spec!r}")
+        raise WorkflowError(f"{what} must be a class or a string, got {spec!r}")
     elif ":" in spec and (spec.split(":", 1)[0].endswith(".py") or "/" in spec):
         cls = _from_file(*spec.rsplit(":", 1))
     elif "." in spec:
@@ -28,24 +49,24 @@ def load_workflow_class(spec: str | type) -> type:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise WorkflowError(
-                f"cannot import module {module_name!r} for workflow {spec!r}: {exc}"
+                f"cannot import module {module_name!r} for {what} {spec!r}: {exc}"
             ) from exc
         cls = _attr(module, attr, spec)
     else:
         raise WorkflowError(
-            f"workflow {spec!r} must look like 'module.Class' or 'path/file.py:Class'"
+            f"{what} {spec!r} must look like 'module.Class' or 'path/file.py:Class'"
         )
-    run = getattr(cls, "run", None)
-    if run is None or not inspect.iscoroutinefunction(run):
-        raise WorkflowError(f"{cls.__name__} needs `async def run(self, data, **extra_kwargs)`")
     return cls
 
 
 def make_workflow(spec: str | type | Any, kwargs: dict[str, Any] | None = None) -> Any:
     """An agent instance; an instance passed in is used as it is."""
     if not isinstance(spec, (str, type)):
-        if not inspect.iscoroutinefunction(getattr(spec, "run", None)):
-            raise WorkflowError(f"{spec!r} has no `async def run(self, data, **extra_kwargs)`")
+        if not (_is_async(spec, "run") or _is_async(spec, "arun_episode")):
+            raise WorkflowError(
+                f"{spec!r} has no `async def run(self, data, **extra_kwargs)` "
+                "nor `async def arun_episode(self, engine, data)`"
+            )
         return spec
     cls = load_workflow_class(spec)
     try:
@@ -55,9 +76,13 @@ def make_workflow(spec: str | type | Any, kwargs: dict[str, Any] | None = None) 
 
 
 def _from_file(path: str, attr: str) -> type:
+    return _attr(_load_file_module(path), attr, f"{path}:{attr}")
+
+
+def _load_file_module(path: str) -> Any:
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise WorkflowError(f"workflow file {path} does not exist")
+        raise WorkflowError(f"file {path} does not exist")
     # A stable, unique module name, so pickling (subproc mode) can find the class again.
     name = f"turnstile_workflow_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
     module = sys.modules.get(name)
@@ -71,7 +96,7 @@ def _from_file(path: str, attr: str) -> type:
         except Exception as exc:
             del sys.modules[name]
             raise WorkflowError(f"error while importing {file}: {exc}") from exc
-    return _attr(module, attr, f"{path}:{attr}")
+    return module
 
 
 def _attr(module: Any, attr: str, spec: str) -> type:
