@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
@@ -95,6 +96,11 @@ class RolloutRunner:
         self.mode = mode
         self._pool: SubprocAgentPool | None = None
         if mode == "subproc":  # fail before any session: the agent must pickle
+            if not inspect.iscoroutinefunction(getattr(agent, "run", None)):
+                raise WorkflowError(
+                    "rollout.agent.mode: subproc runs `async def run(self, data, **extra_kwargs)`"
+                    f" in worker processes; {type(agent).__name__} has none"
+                )
             check_picklable(agent, "agent")
             self._pool = SubprocAgentPool(subproc_max_workers)  # workers start lazily
         self.admin = admin
