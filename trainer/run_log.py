@@ -1,4 +1,5 @@
-"""What a run leaves behind: metrics.jsonl (one line a step) and a reward-curve PNG."""
+"""What a run leaves behind: metrics.jsonl (one line a step), TensorBoard events, and a
+reward-curve PNG. A resumed run keeps the rows of the steps it already made."""
 
 from __future__ import annotations
 
@@ -8,15 +9,42 @@ from typing import Any
 
 
 class RunLog:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, start_step: int = 0, tensorboard: bool = True) -> None:
+        """`start_step`: steps already made (resume); rows after it are dropped."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.tensorboard_dir = run_dir / "tensorboard"
         self.rows: list[dict[str, Any]] = []
+        if start_step and self.metrics_path.exists():
+            for line in self.metrics_path.read_text().splitlines():
+                row = json.loads(line)
+                if row.get("step", 0) <= start_step:
+                    self.rows.append(row)
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        self._writer = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            # purge_step drops events a crashed run wrote past its last checkpoint
+            self._writer = SummaryWriter(
+                str(self.tensorboard_dir), purge_step=start_step + 1 if start_step else None
+            )
 
     def append(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if self._writer is not None:
+            step = int(row["step"])
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and value is not None:
+                    self._writer.add_scalar(_tag(key), float(value), step)
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def plot_rewards(self, path: Path | None = None) -> Path:
         import matplotlib
@@ -45,6 +73,19 @@ class RunLog:
         fig.savefig(path)
         plt.close(fig)
         return path
+
+
+def _tag(key: str) -> str:
+    """Group TensorBoard charts: rewards, rollout, train, timing."""
+    if key.startswith("reward"):
+        return f"reward/{key}"
+    if key.endswith("_s"):
+        return f"time/{key}"
+    if key in ("episodes", "episode_errors", "episodes_without_reward", "completions") or (
+        key.startswith(("turns", "staleness", "stale", "concat"))
+    ):
+        return f"rollout/{key}"
+    return f"train/{key}"
 
 
 def mean(values: list[float]) -> float | None:

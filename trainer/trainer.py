@@ -1,9 +1,15 @@
 """`Trainer(config).train(workflow=...)`: rollouts through the gateway, then policy updates.
 
-One step: run `group_size` copies of the agent on each of `batch_size` prompts, each
-in its own gateway session; turn the recorded sessions into samples; compute GRPO
-advantages within each prompt's group; take one DeepSpeed optimizer step on the packed
-samples; push the new weights to the engine (policy version + 1).
+Rank 0 runs the gateway (its inference engine serves the agents) and the rollouts;
+finished groups of episodes become one batch, which every DeepSpeed rank trains on
+(each its share); the new weights go back to the engine and the policy version goes
+up. Rollouts keep going while a step trains, at most `rollout.max_staleness` versions
+ahead (0 = synchronous). Three ways to write the rollout side are accepted:
+
+- an agent with `async def run(self, data, **extra_kwargs)` that talks to the gateway
+  over HTTP (OpenAI SDK, LangChain, ...), inline or in a process pool (`mode: subproc`);
+- a `RolloutWorkflow` with `async def arun_episode(self, engine, data)` on token ids;
+- a registered queue-based agent (`collect_trajectory`) and environment, by name.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import random
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,19 +28,15 @@ import httpx
 import yaml
 from tqdm.auto import tqdm
 
-from gateway.config import GatewayConfig
-from gateway.engines.model_source import load_tokenizer, resolve_model_dir
-from gateway.server import BackgroundGateway
-from trainer.advantages import grpo_advantages
+from trainer import distributed
 from trainer.config import TrainerConfig, load_config
+from trainer.data_order import DataOrder
 from trainer.datasets import load_dataset
-from trainer.gateway_client import GatewayAdmin
-from trainer.losses import ppo_clip_loss, reinforce_loss
 from trainer.malloc import limit_arenas, release_free_memory
-from trainer.packing import pack
-from trainer.rollout import Episode, RolloutRunner
+from trainer.rollout import Episode
+from trainer.rollout_controller import RolloutController
 from trainer.run_log import RunLog, mean
-from trainer.workflow import make_workflow
+from trainer.workflow import WorkflowError, import_files, load_class, make_workflow
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class TrainResult:
     first_reward: float | None
     last_reward: float | None
     policy_version: int
+    start_step: int = 0  # > 0 when the run resumed from a checkpoint
 
 
 class Trainer:
@@ -60,88 +63,188 @@ class Trainer:
 
             config = _build(TrainerConfig, config, "")
         self.config: TrainerConfig = config or TrainerConfig()
-        self.gateway: BackgroundGateway | None = None
-        self.policy = None
+        self.gateway: Any = None  # gateway.server.BackgroundGateway on rank 0
+        self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
+        self.version = 0
 
     # ---- public ----------------------------------------------------------------------
     def train(
         self, workflow: Any = None, dataset: list[dict[str, Any]] | None = None
     ) -> TrainResult:
         cfg = self.config
-        workflow = workflow if workflow is not None else cfg.workflow
-        if workflow is None:
-            raise ValueError(
-                "no workflow: pass train(workflow='module.Class') or set `workflow` in the config"
-            )
-        agent = make_workflow(workflow, cfg.workflow_kwargs)
+        import_files(cfg.imports)
+        kind, agent = self._rollout_spec(workflow)
         rows = dataset if dataset is not None else load_dataset(cfg.dataset)
         if not rows:
             raise ValueError("the dataset is empty")
-        if cfg.rollout.agent.mode != "inline":
-            raise ValueError(
-                f"rollout.agent.mode {cfg.rollout.agent.mode!r} is not supported yet; use 'inline'"
-            )
-
+        order = DataOrder(len(rows), cfg.seed)
         run_dir = Path(cfg.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        main = distributed.is_main()
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         database = Path(cfg.gateway.database or run_dir / "sessions.db")
-        runlog = RunLog(run_dir)
-        if runlog.metrics_path.exists():
-            runlog.metrics_path.unlink()
 
-        random.seed(cfg.seed)
         limit_arenas(2)
         import torch
+
+        from gateway.engines.model_source import load_tokenizer, resolve_model_dir
 
         torch.manual_seed(cfg.seed)
         model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
-        gw_cfg = GatewayConfig(
-            host=cfg.gateway.host,
-            port=cfg.gateway.port,
-            database=str(database),
-            admin_key=admin_key,
-            engine="embedded",
-            model=str(model_dir),
-            device=cfg.device,
-            max_batch_size=cfg.gateway.max_batch_size,
-            default_max_tokens=cfg.gateway.default_max_tokens,
-        )
-        self.gateway = BackgroundGateway(gw_cfg).start()
+        if main:
+            self.gateway = self._start_gateway(model_dir, database, admin_key)
+        runlog: RunLog | None = None
         try:
-            from trainer.ds_engine import DeepSpeedPolicy
-
-            self.policy = DeepSpeedPolicy(model_dir, cfg.train, cfg.device)
-            asyncio.run(self._loop(agent, rows, admin_key, runlog))
+            self.policy = self._make_policy(model_dir)
+            start_step = self._resume(order)
+            if main:
+                runlog = RunLog(run_dir, start_step=start_step, tensorboard=cfg.tensorboard)
+                asyncio.run(
+                    self._main_loop(kind, agent, rows, order, admin_key, runlog, start_step)
+                )
+            else:
+                self._follower_loop()
             checkpoint = self.policy.save_hf(run_dir / "checkpoint", load_tokenizer(model_dir))
         finally:
-            self.gateway.stop()
+            if runlog is not None:
+                runlog.close()
+            if self.gateway is not None:
+                self.gateway.stop()
+        distributed.barrier()
+        if not main:
+            return TrainResult(
+                run_dir, database, run_dir / "metrics.jsonl", run_dir, checkpoint, None, None,
+                self.version, start_step,
+            )  # fmt: skip
+        assert runlog is not None
         curve = runlog.plot_rewards()
         k = max(1, min(3, len(runlog.rows) // 3 or 1))
-        first = mean(
-            [r["reward_mean"] for r in runlog.rows[:k] if r.get("reward_mean") is not None]
-        )
-        last = mean(
-            [r["reward_mean"] for r in runlog.rows[-k:] if r.get("reward_mean") is not None]
-        )
+        rewards = [r.get("reward_mean") for r in runlog.rows]
         return TrainResult(
             run_dir,
             database,
             runlog.metrics_path,
             curve,
             checkpoint,
-            first,
-            last,
-            self.gateway.engine.version,
+            mean([r for r in rewards[:k] if r is not None]),
+            mean([r for r in rewards[-k:] if r is not None]),
+            self.version,
+            start_step,
         )
 
-    # ---- the loop --------------------------------------------------------------------
-    async def _loop(
-        self, agent: Any, rows: list[dict[str, Any]], admin_key: str, runlog: RunLog
+    # ---- set-up ----------------------------------------------------------------------
+    def _rollout_spec(self, workflow: Any) -> tuple[str, Any]:
+        """('queue', (agent, env)) | ('token', workflow) | ('proxy', agent)."""
+        cfg = self.config
+        if cfg.agent:
+            from trainer.queue_agents import make_agent, make_env
+
+            if workflow is not None or cfg.workflow:
+                raise WorkflowError(
+                    "set either `workflow` or `agent` (a registered agent), not both"
+                )
+            if "name" not in cfg.agent or "name" not in (cfg.env or {}):
+                raise WorkflowError(
+                    "a registered agent needs `agent: {name: ..., args: {...}}` and "
+                    "`env: {name: ..., args: {...}}` in the config"
+                )
+            agent = make_agent(cfg.agent["name"], **(cfg.agent.get("args") or {}))
+            env = make_env(cfg.env["name"], **(cfg.env.get("args") or {}))
+            return "queue", (agent, env)
+        workflow = workflow if workflow is not None else cfg.workflow
+        if workflow is None:
+            raise ValueError(
+                "no workflow: pass train(workflow='module.Class'), or set `workflow` "
+                "(an agent or RolloutWorkflow) or `agent` (a registered agent) in the config"
+            )
+        instance = make_workflow(workflow, cfg.workflow_kwargs)
+        if asyncio.iscoroutinefunction(getattr(instance, "arun_episode", None)):
+            return "token", instance
+        if cfg.rollout.agent.export_style not in ("individual", "concat"):
+            raise ValueError(
+                f"rollout.agent.export_style must be individual or concat, "
+                f"got {cfg.rollout.agent.export_style!r}"
+            )
+        return "proxy", instance
+
+    def _start_gateway(self, model_dir: Path, database: Path, admin_key: str) -> Any:
+        from gateway.config import GatewayConfig
+        from gateway.server import BackgroundGateway
+
+        g = self.config.gateway
+        if g.engine not in ("embedded", "sglang"):
+            raise ValueError(f"gateway.engine must be embedded or sglang, got {g.engine!r}")
+        extra: dict[str, Any] = {}
+        if g.engine == "sglang":
+            if not g.engine_urls:
+                raise ValueError("gateway.engine: sglang needs gateway.engine_urls")
+            extra["engine_urls"] = list(g.engine_urls)
+        gw_cfg = GatewayConfig(
+            host=g.host,
+            port=g.port,
+            database=str(database),
+            admin_key=admin_key,
+            engine=g.engine,
+            model=str(model_dir),
+            device=self.config.device,
+            max_batch_size=g.max_batch_size,
+            default_max_tokens=g.default_max_tokens,
+            **extra,
+        )
+        return BackgroundGateway(gw_cfg).start()
+
+    def _make_policy(self, model_dir: Path) -> Any:
+        from trainer.ds_engine import DeepSpeedEngine
+        from trainer.ppo_actor import check_algorithm
+
+        t = self.config.train
+        if t.engine_class is None:
+            check_algorithm(t.algorithm)
+            return DeepSpeedEngine(model_dir, t, self.config.device)
+        cls = load_class(t.engine_class, "train.engine_class")
+        if not issubclass(cls, DeepSpeedEngine):
+            raise WorkflowError(
+                f"train.engine_class {cls.__name__} must subclass trainer.ds_engine.DeepSpeedEngine"
+            )
+        if not callable(getattr(cls, t.step_method, None)):
+            raise WorkflowError(
+                f"{cls.__name__} has no method {t.step_method!r} (train.step_method)"
+            )
+        return cls(model_dir, t, self.config.device)
+
+    def _checkpoint_dir(self) -> Path:
+        return Path(self.config.run_dir) / "checkpoints"
+
+    def _resume(self, order: DataOrder) -> int:
+        """Restore step, optimizer and data order from the newest checkpoint, if asked."""
+        if not self.config.resume:
+            return 0
+        state = self.policy.load_checkpoint(self._checkpoint_dir())
+        if state is None:
+            if distributed.is_main():
+                log.warning("resume: no checkpoint in %s; starting fresh", self._checkpoint_dir())
+            return 0
+        step = int(state["step"])
+        order.load(state["data"])
+        self._sync_weights(step)
+        if distributed.is_main():
+            print(f"resumed from {self._checkpoint_dir()} at step {step}")
+        return step
+
+    # ---- rank 0 ----------------------------------------------------------------------
+    async def _main_loop(
+        self,
+        kind: str,
+        agent: Any,
+        rows: list[dict[str, Any]],
+        order: DataOrder,
+        admin_key: str,
+        runlog: RunLog,
+        start_step: int,
     ) -> None:
         cfg = self.config
-        assert self.gateway is not None and self.policy is not None
         # One thread for all training work: one allocator arena, not one per step.
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train")
         loop = asyncio.get_running_loop()
@@ -150,7 +253,55 @@ class Trainer:
             max_keepalive_connections=cfg.rollout.max_concurrent * 2,
         )
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
-            runner = RolloutRunner(
+            runner = self._make_runner(kind, agent, admin_key, http)
+            controller = RolloutController(
+                runner.run_group,
+                rows,
+                order,
+                batch_size=cfg.rollout.batch_size,
+                group_size=cfg.rollout.group_size,
+                max_staleness=cfg.rollout.max_staleness,
+                version=start_step,
+            )
+            controller.start()
+            bar = tqdm(
+                total=cfg.total_steps, initial=start_step, desc="training", unit="step",
+                dynamic_ncols=True,
+            )  # fmt: skip
+            try:
+                for step in range(start_step, cfg.total_steps):
+                    t0 = time.perf_counter()
+                    groups = await controller.next_batch()
+                    wait_s = time.perf_counter() - t0
+                    episodes = [ep for _, eps in groups for ep in eps]
+                    payload = self._payload(step, episodes, order.state())
+                    stats = await loop.run_in_executor(train_thread, self._train_step, payload)
+                    await controller.set_version(self.version)
+                    row = self._metrics(step, episodes, stats, wait_s, time.perf_counter() - t0)
+                    runlog.append(row)
+                    bar.update(1)
+                    bar.set_postfix(
+                        reward="n/a" if row["reward_mean"] is None else f"{row['reward_mean']:.3f}",
+                        tokens=int(row.get("trained_tokens", 0)),
+                    )
+            finally:
+                bar.close()
+                await controller.stop()
+                close = getattr(runner, "close", None)
+                if close is not None:
+                    result = close()
+                    if asyncio.iscoroutine(result):
+                        await result
+                await loop.run_in_executor(train_thread, self._train_step, {"stop": True})
+                train_thread.shutdown()
+
+    def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
+        cfg = self.config
+        if kind == "proxy":
+            from trainer.gateway_client import GatewayAdmin
+            from trainer.rollout import RolloutRunner
+
+            return RolloutRunner(
                 GatewayAdmin(self.gateway.url, admin_key, http),
                 self.gateway.url,
                 agent,
@@ -158,105 +309,109 @@ class Trainer:
                 export_style=cfg.rollout.agent.export_style,
                 turn_discount=cfg.rollout.agent.turn_discount,
                 max_concurrent=cfg.rollout.max_concurrent,
+                mode=cfg.rollout.agent.mode,
+                subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
             )
-            order = list(range(len(rows)))
-            rng = random.Random(cfg.seed)
-            rng.shuffle(order)
-            cursor = 0
-            bar = tqdm(range(cfg.total_steps), desc="training", unit="step", dynamic_ncols=True)
-            for step in bar:
-                batch = []
-                for _ in range(cfg.rollout.batch_size):
-                    if cursor == len(order):
-                        rng.shuffle(order)
-                        cursor = 0
-                    batch.append(rows[order[cursor]])
-                    cursor += 1
-                t0 = time.perf_counter()
-                groups = await asyncio.gather(
-                    *(
-                        runner.run_group(
-                            data, step * cfg.rollout.batch_size + i, cfg.rollout.group_size
-                        )
-                        for i, data in enumerate(batch)
-                    )
-                )
-                episodes = [ep for g in groups for ep in g]
-                rollout_s = time.perf_counter() - t0
-                stats = await loop.run_in_executor(train_thread, self._update, episodes)
-                t1 = time.perf_counter()
-                version = self.gateway.engine.update_weights(
-                    self.policy.full_state_dict(), version=step + 1
-                )  # type: ignore[attr-defined]
-                release_free_memory()
-                sync_s = time.perf_counter() - t1
-                row = self._metrics(step, version, episodes, stats, rollout_s, sync_s)
-                runlog.append(row)
-                bar.set_postfix(
-                    reward=f"{row['reward_mean']:.3f}" if row["reward_mean"] is not None else "n/a",
-                    tokens=int(row.get("trained_tokens", 0)),
-                )
-                if (
-                    cfg.save_every
-                    and (step + 1) % cfg.save_every == 0
-                    and step + 1 < cfg.total_steps
-                ):
-                    await loop.run_in_executor(
-                        train_thread,
-                        self.policy.save_hf,
-                        Path(cfg.run_dir) / f"checkpoint-step{step + 1}",
-                    )
-            bar.close()
-            train_thread.shutdown()
+        from trainer.rollout_engine import RolloutEngine
 
-    def _update(self, episodes: list[Episode]) -> dict[str, float]:
-        cfg = self.config
-        assert self.policy is not None
-        samples = [s for ep in episodes for s in ep.samples]
-        groups = [ep.group for ep in episodes for _ in ep.samples]
-        if not samples:
-            return {"num_samples": 0.0}
-        advantages = grpo_advantages([s["returns"] for s in samples], groups, cfg.train.adv_norm)
-        # samples with zero advantage add nothing to the gradient; skip their compute
-        keep = [i for i, a in enumerate(advantages) if abs(a) > 1e-8]
-        stats: dict[str, float] = {
-            "num_samples": float(len(samples)),
-            "num_trained_samples": float(len(keep)),
-        }
-        if not keep:
-            return stats
-        batches = pack(
-            [samples[i] for i in keep], [advantages[i] for i in keep], cfg.train.micro_batch_tokens
-        )
-        if cfg.train.algorithm == "grpo":
+        engine = RolloutEngine(self.gateway.engine, self.gateway.loop)
+        if kind == "token":
+            from trainer.workflow_api import TokenWorkflowRunner
 
-            def loss_fn(logp, mb):  # type: ignore[no-untyped-def]
-                return ppo_clip_loss(
-                    logp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.train.eps_clip
-                )
-        elif cfg.train.algorithm == "reinforce":
+            return TokenWorkflowRunner(agent, engine, max_concurrent=cfg.rollout.max_concurrent)
+        from trainer.queue_agents import QueueAgentRunner
 
-            def loss_fn(logp, mb):  # type: ignore[no-untyped-def]
-                return reinforce_loss(logp, mb.advantages, mb.loss_mask)
+        queue_agent, env = agent
+        return QueueAgentRunner(queue_agent, env, engine, max_concurrent=cfg.rollout.max_concurrent)
+
+    def _payload(self, step: int, episodes: list[Episode], data_state: dict[str, Any]) -> dict:
+        """What every rank needs for one step (broadcast to the others)."""
+        payload: dict[str, Any] = {"step": step, "data": data_state}
+        if self.config.train.engine_class is None:
+            payload["samples"] = [s for ep in episodes for s in ep.samples]
+            payload["groups"] = [ep.group for ep in episodes for _ in ep.samples]
         else:
-            raise ValueError(f"unknown train.algorithm {cfg.train.algorithm!r}: grpo or reinforce")
-        stats.update(self.policy.train_step(batches, loss_fn))
+            payload["raw"] = [r for ep in episodes for r in (ep.raw or _raw_from_samples(ep))]
+        return payload
+
+    # ---- every rank ------------------------------------------------------------------
+    def _follower_loop(self) -> None:
+        while self._train_step(None) is not None:
+            pass
+
+    def _train_step(self, payload: dict[str, Any] | None) -> dict[str, float] | None:
+        """Train one batch, publish the weights, checkpoint when due. Runs on all ranks."""
+        payload = distributed.broadcast_object(payload)
+        if payload.get("stop"):
+            return None
+        cfg = self.config
+        step = int(payload["step"])
+        if "samples" in payload:
+            from trainer.ppo_actor import train_on_samples
+
+            stats = train_on_samples(
+                self.policy, cfg.train, payload["samples"], payload["groups"], version=step
+            )
+        elif payload["raw"]:
+            from trainer.batch_dicts import pad_sequences
+
+            stats = getattr(self.policy, cfg.train.step_method)(pad_sequences(payload["raw"]))
+            stats = {k: float(v) for k, v in (stats or {}).items() if _is_number(v)}
+        else:
+            stats = {}
+        t0 = time.perf_counter()
+        self._sync_weights(step + 1)
+        stats["weight_sync_s"] = time.perf_counter() - t0
+        every = cfg.checkpoint_every
+        if every and ((step + 1) % every == 0 or step + 1 == cfg.total_steps):
+            t0 = time.perf_counter()
+            self._save_checkpoint(step + 1, payload["data"])
+            stats["checkpoint_s"] = time.perf_counter() - t0
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.total_steps:
+            self.policy.save_hf(Path(cfg.run_dir) / f"checkpoint-step{step + 1}")
+        release_free_memory()
         return stats
 
-    @staticmethod
+    def _sync_weights(self, version: int) -> None:
+        """New weights to the inference engine: in memory (embedded) or via disk (SGLang)."""
+        if self.config.gateway.engine == "embedded":
+            state = self.policy.full_state_dict()  # collective under ZeRO-3
+            if self.gateway is not None:
+                self.gateway.engine.update_weights(state, version=version)
+        else:
+            path = Path(self.config.run_dir) / "weights" / f"v{version}"
+            self.policy.save_hf(path)  # collective; rank 0 writes
+            if self.gateway is not None:
+                self.gateway.call(self.gateway.engine.update_weights_from_disk(str(path), version))
+                for old in path.parent.glob("v*"):
+                    if old != path:
+                        shutil.rmtree(old, ignore_errors=True)
+        self.version = version
+
+    def _save_checkpoint(self, step: int, data_state: dict[str, Any]) -> None:
+        ckpt = self._checkpoint_dir()
+        self.policy.save_checkpoint(ckpt, {"step": step, "data": data_state})
+        distributed.barrier()
+        if distributed.is_main():  # keep the newest only: each holds optimizer state
+            for old in ckpt.glob("step*"):
+                if old.name != f"step{step}":
+                    shutil.rmtree(old, ignore_errors=True)
+
+    # ---- metrics ---------------------------------------------------------------------
     def _metrics(
+        self,
         step: int,
-        version: int,
         episodes: list[Episode],
-        stats: dict[str, float],
-        rollout_s: float,
-        sync_s: float,
+        stats: dict[str, float] | None,
+        wait_s: float,
+        step_s: float,
     ) -> dict[str, Any]:
         rewards = [ep.reward for ep in episodes if ep.reward is not None]
         completions = sum(ep.num_completions for ep in episodes)
-        return {
+        samples = [s for ep in episodes for s in ep.samples]
+        row: dict[str, Any] = {
             "step": step + 1,
-            "policy_version": version,
+            "policy_version": self.version,
             "reward_mean": mean(rewards),
             "reward_max": max(rewards) if rewards else None,
             "episodes": len(episodes),
@@ -264,7 +419,40 @@ class Trainer:
             "episodes_without_reward": sum(1 for ep in episodes if ep.no_reward),
             "completions": completions,
             "turns_per_episode": completions / max(1, len(episodes)),
-            "rollout_s": rollout_s,
-            "weight_sync_s": sync_s,
-            **stats,
+            "rollout_wait_s": wait_s,
+            "step_s": step_s,
         }
+        if self.config.rollout.agent.export_style == "concat":
+            row["concat_fallbacks"] = sum(
+                int((s.get("meta") or {}).get("concat_fallbacks", 0)) for s in samples
+            )
+            row["concat_samples"] = len(samples)
+        row.update(stats or {})
+        return row
+
+
+def _raw_from_samples(ep: Episode) -> list[dict[str, Any]]:
+    """Gateway samples in the per-sequence dict form a custom TrainEngine expects."""
+    import torch
+
+    out = []
+    for s in ep.samples:
+        n = len(s["input_ids"])
+        out.append(
+            {
+                "input_ids": torch.tensor(s["input_ids"]),
+                "loss_mask": torch.tensor(s["loss_mask"]),
+                "logprobs": torch.tensor(s["logprobs"], dtype=torch.float32),
+                "versions": torch.tensor(s["versions"]),
+                "rewards": torch.full((n,), float(s["returns"])),
+            }
+        )
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
