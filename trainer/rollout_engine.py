@@ -1,0 +1,153 @@
+"""`RolloutEngine`: token-level generation for workflows, straight from the engine.
+
+Token-level workflows (`RolloutWorkflow.arun_episode`) and queue agents skip the OpenAI
+gateway: they hold token ids already and want the output tokens, behaviour logprobs and
+policy versions back. This wraps any `gateway.engines.base.InferenceEngine`.
+
+An engine's `generate` is a coroutine that must run on the engine's home event loop
+(the embedded engine resolves its futures there). In the trainer the engine lives on the
+gateway's background thread, while workflows run on the trainer's loop: pass that home
+loop as `loop` and each call is handed over to it (and cancelled there if the caller is
+cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+
+from gateway.engines.base import ContextLengthExceeded, InferenceEngine
+from trainer.llm_api import LLMRequest, LLMResponse
+
+__all__ = [
+    "ContextTooLongError",
+    "EmptyPromptError",
+    "GenerationError",
+    "RolloutEngine",
+]
+
+
+class GenerationError(RuntimeError):
+    """The engine could not serve a workflow's request."""
+
+
+class EmptyPromptError(GenerationError, ValueError):
+    pass
+
+
+class ContextTooLongError(GenerationError, ValueError):
+    def __init__(self, message: str, prompt_tokens: int, max_context: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+
+
+class RolloutEngine:
+    """`await engine.agenerate(LLMRequest(...)) -> LLMResponse`, one completion per call.
+
+    - `engine`: the inference engine (embedded, sglang, fake, ...).
+    - `loop`: the engine's home event loop, when it is not the caller's (see module doc).
+    - `default_stop_token_ids`: used for requests whose gconfig names no stop tokens
+      (engines stop only on the ids they are given; e.g. the chat template's end token).
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        default_stop_token_ids: list[int] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.default_stop_token_ids = [int(t) for t in default_stop_token_ids or []]
+        self.num_requests = 0  # agenerate calls made through this object
+        self._route_key = _accepts_keyword(engine.generate, "route_key")
+
+    @property
+    def version(self) -> int:
+        """The policy version the engine is serving now."""
+        return int(self.engine.version)
+
+    @property
+    def max_context(self) -> int:
+        return int(self.engine.max_context)
+
+    def fork(self) -> RolloutEngine:
+        """The same engine with its own request counter (one per episode)."""
+        child = RolloutEngine(
+            self.engine, self.loop, default_stop_token_ids=self.default_stop_token_ids
+        )
+        child._route_key = self._route_key
+        return child
+
+    async def agenerate(self, req: LLMRequest) -> LLMResponse:
+        prompt = [int(t) for t in req.input_ids]
+        if not prompt:
+            raise EmptyPromptError(f"request {req.rid}: input_ids is empty")
+        gconfig = req.gconfig
+        try:
+            max_new = self.engine.check_fits(len(prompt), gconfig.max_new_tokens)
+        except ContextLengthExceeded as exc:
+            raise ContextTooLongError(
+                f"request {req.rid}: the prompt has {exc.prompt_tokens} tokens, which leaves "
+                f"no room to generate within the model's context of {exc.max_context} tokens",
+                exc.prompt_tokens,
+                exc.max_context,
+            ) from exc
+        params = gconfig.to_sampling_params(max_new)
+        if not params.stop_token_ids:
+            params.stop_token_ids = list(self.default_stop_token_ids)
+        kwargs = {"route_key": req.rid} if self._route_key else {}
+        self.num_requests += 1
+        started = time.perf_counter()
+        try:
+            result = await self._on_engine_loop(self.engine.generate(prompt, params, **kwargs))
+        except ContextLengthExceeded as exc:
+            raise ContextTooLongError(
+                f"request {req.rid}: {exc}", exc.prompt_tokens, exc.max_context
+            ) from exc
+        except GenerationError:
+            raise
+        except Exception as exc:
+            raise GenerationError(
+                f"request {req.rid}: engine {self.engine.name!r} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        n = len(result.output_ids)
+        if len(result.logprobs) != n or len(result.versions) != n:
+            raise GenerationError(
+                f"request {req.rid}: engine returned {n} tokens but {len(result.logprobs)} "
+                f"logprobs and {len(result.versions)} versions"
+            )
+        return LLMResponse(
+            input_tokens=prompt,
+            output_tokens=list(result.output_ids),
+            output_logprobs=[float(x) for x in result.logprobs],
+            output_versions=[int(v) for v in result.versions],
+            stop_reason=str(result.finish_reason),
+            latency=time.perf_counter() - started,
+        )
+
+    async def _on_engine_loop(self, coro):  # type: ignore[no-untyped-def]
+        home = self.loop
+        if home is None or home is asyncio.get_running_loop():
+            return await coro
+        if home.is_closed() or not home.is_running():
+            coro.close()
+            raise GenerationError("the engine's event loop is not running")
+        future = asyncio.run_coroutine_threadsafe(coro, home)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()  # stop the generation on the engine's loop too
+            raise
+
+
+def _accepts_keyword(fn: object, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
