@@ -22,6 +22,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     result = Trainer(config).train(workflow=args.workflow)
+    from trainer.distributed import is_main
+
+    if not is_main():  # launched with torchrun / deepspeed: rank 0 reports
+        return 0
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print()
     print(f"run directory     {result.run_dir}")
@@ -29,7 +33,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"metrics           {result.metrics}")
     print(f"reward curve      {result.reward_curve}")
     print(f"checkpoint        {result.checkpoint}")
+    print(f"tensorboard       {result.run_dir / 'tensorboard'}")
     print(f"policy version    {result.policy_version}")
+    if result.start_step:
+        print(f"resumed at step   {result.start_step}")
     print(
         f"mean reward: first steps {fmt(result.first_reward)} -> last steps {fmt(result.last_reward)}"
     )

@@ -172,6 +172,9 @@ class DeepSpeedEngine(TrainEngine):
         grad_norm = self._step()
         out = {
             "loss": self._sum_over_ranks(local_loss),
+            "trained_tokens": float(sum(float(mb["loss_mask"].sum()) for mb in mbs))
+            if "loss_mask" in mbs[0]
+            else 0.0,
             "micro_batches": float(len(mbs)),
             "packed_tokens": float(sum(sizes)),
             "train_s": time.perf_counter() - started,

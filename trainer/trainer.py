@@ -277,7 +277,10 @@ class Trainer:
                     payload = self._payload(step, episodes, order.state())
                     stats = await loop.run_in_executor(train_thread, self._train_step, payload)
                     await controller.set_version(self.version)
-                    row = self._metrics(step, episodes, stats, wait_s, time.perf_counter() - t0)
+                    row = self._metrics(
+                        step, episodes, stats, wait_s, time.perf_counter() - t0,
+                        sorted(order.row(g) for g, _ in groups),
+                    )  # fmt: skip
                     runlog.append(row)
                     bar.update(1)
                     bar.set_postfix(
@@ -405,6 +408,7 @@ class Trainer:
         stats: dict[str, float] | None,
         wait_s: float,
         step_s: float,
+        data_rows: list[int],
     ) -> dict[str, Any]:
         rewards = [ep.reward for ep in episodes if ep.reward is not None]
         completions = sum(ep.num_completions for ep in episodes)
@@ -421,6 +425,8 @@ class Trainer:
             "turns_per_episode": completions / max(1, len(episodes)),
             "rollout_wait_s": wait_s,
             "step_s": step_s,
+            "world_size": distributed.world_size(),
+            "data_rows": data_rows,
         }
         if self.config.rollout.agent.export_style == "concat":
             row["concat_fallbacks"] = sum(
