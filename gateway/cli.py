@@ -24,9 +24,35 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--admin-key", default=d.admin_key, help="admin key (default: $TURNSTILE_ADMIN_KEY)"
     )
-    p.add_argument("--engine", default=d.engine, choices=["embedded", "fake"])
+    p.add_argument("--engine", default=d.engine, choices=["embedded", "sglang", "fake"])
     p.add_argument(
-        "--model", default=None, help="local HF folder (default: bundled SmolLM2-135M-Instruct)"
+        "--model",
+        default=None,
+        help="local HF folder (default: bundled SmolLM2-135M-Instruct); with --engine sglang, "
+        "the tokenizer and chat template of the model the servers serve",
+    )
+    p.add_argument(
+        "--engine-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="sglang: an SGLang server or sglang-router (repeat for several servers: "
+        "each session sticks to one)",
+    )
+    p.add_argument(
+        "--engine-update-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="sglang: a server that weight updates go to (repeatable; default: the "
+        "--engine-url servers, or the workers an sglang-router lists)",
+    )
+    p.add_argument(
+        "--engine-max-context",
+        type=int,
+        default=d.engine_max_context,
+        metavar="TOKENS",
+        help="sglang: context length to assume if the servers do not report theirs",
     )
     p.add_argument("--served-model-name", default=d.served_model_name)
     p.add_argument("--device", default=d.device)
@@ -43,6 +69,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from gateway.server import serve_forever
 
+    if args.engine == "sglang" and not args.engine_url:
+        raise SystemExit(
+            "--engine sglang needs the SGLang server (or sglang-router) to use: "
+            "--engine-url http://HOST:30000 (repeat it for several servers)"
+        )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -53,6 +84,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         admin_key=args.admin_key,
         engine=args.engine,
         model=args.model,
+        engine_urls=list(args.engine_url),
+        engine_update_urls=list(args.engine_update_url),
+        engine_max_context=args.engine_max_context,
         served_model_name=args.served_model_name,
         device=args.device,
         max_batch_size=args.max_batch_size,

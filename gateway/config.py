@@ -14,8 +14,18 @@ class GatewayConfig:
     admin_key: str | None = field(
         default_factory=lambda: os.environ.get("TURNSTILE_ADMIN_KEY") or None
     )
-    engine: str = "embedded"  # embedded | fake
-    model: str | None = None  # None = bundled SmolLM2-135M-Instruct; or a local HF folder
+    engine: str = "embedded"  # embedded | sglang | fake
+    # None = bundled SmolLM2-135M-Instruct; or a local HF folder. With sglang, the
+    # tokenizer and chat template (the gateway renders prompts itself): the same model
+    # the SGLang servers serve.
+    model: str | None = None
+    # sglang: one URL (a server, or an sglang-router) or several (sticky per session)
+    engine_urls: list[str] = field(default_factory=list)
+    # sglang: the servers weight updates go to; default: each engine URL, or the
+    # workers an sglang-router lists
+    engine_update_urls: list[str] = field(default_factory=list)
+    # sglang: context length to assume when the servers do not report theirs
+    engine_max_context: int = 4096
     served_model_name: str = "default"
     device: str = "cpu"
     max_batch_size: int = 32

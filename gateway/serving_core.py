@@ -279,7 +279,9 @@ class ServingCore:
         result: GenerationResult | None = None
         aborted = False
         began = time.perf_counter()
-        chunks = self._engine_chunks(turn.prompt_ids, params, stream or bool(turn.stops))
+        chunks = self._engine_chunks(
+            turn.prompt_ids, params, stream or bool(turn.stops), turn.session_id
+        )
         try:
             async for item in chunks:
                 if isinstance(item, GenerationResult):
@@ -326,17 +328,19 @@ class ServingCore:
         )
 
     async def _engine_chunks(
-        self, prompt_ids: list[int], params: SamplingParams, stream: bool
+        self, prompt_ids: list[int], params: SamplingParams, stream: bool, route_key: str
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         deadline = time.monotonic() + self.request_timeout_s
         if not stream:
-            result = await self._bounded(self.engine.generate(prompt_ids, params), deadline)
+            result = await self._bounded(
+                self.engine.generate(prompt_ids, params, route_key=route_key), deadline
+            )
             yield TokenChunk(
                 result.output_ids, result.logprobs, result.versions, result.top_logprobs
             )
             yield result
             return
-        it = self.engine.stream(prompt_ids, params)
+        it = self.engine.stream(prompt_ids, params, route_key=route_key)
         try:
             while True:
                 try:
@@ -362,6 +366,8 @@ class ServingCore:
             raise APIError(
                 503, f"the inference engine is unavailable: {exc}", code="engine_unavailable"
             ) from exc
+        except ContextLengthExceeded as exc:  # an external engine's own refusal
+            raise APIError(400, str(exc), code="context_length_exceeded", retryable=False) from exc
 
     # ---- recording -------------------------------------------------------------------
     async def record(

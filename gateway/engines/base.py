@@ -88,19 +88,37 @@ class InferenceEngine(abc.ABC):
         """Release resources; called once on shutdown."""
 
     @abc.abstractmethod
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        """Generate one completion for a prompt given as token ids."""
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
+    ) -> GenerationResult:
+        """Generate one completion for a prompt given as token ids.
+
+        `route_key` (the gateway passes the session id) lets an engine with several
+        servers keep one conversation on one server, where its prefix is cached.
+        """
 
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         """Yield chunks as tokens are made, then the final result.
 
         Engines that cannot stream fall back to one chunk at the end.
         """
-        result = await self.generate(prompt_ids, params)
+        result = await self.generate(prompt_ids, params, route_key=route_key)
         yield TokenChunk(result.output_ids, result.logprobs, result.versions, result.top_logprobs)
         yield result
+
+    async def update_weights_from_disk(self, path: str, version: int | None = None) -> int:
+        """Load new weights from a Hugging Face checkpoint folder; return the new version.
+
+        `version` defaults to the current version + 1. Tokens generated after this
+        returns carry the new version; a generation in flight keeps the old version on
+        the tokens made before the update and the new one on the tokens made after.
+        """
+        raise NotImplementedError(
+            f"the {self.name!r} engine cannot load weights from disk "
+            "(use the embedded or sglang engine)"
+        )
 
     @abc.abstractmethod
     async def health(self) -> bool:

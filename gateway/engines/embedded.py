@@ -137,14 +137,24 @@ class EmbeddedEngine(InferenceEngine):
             self._version = self._version + 1 if version is None else version
             return self._version
 
-    def update_weights_from_disk(self, path: str | Path, version: int | None = None) -> int:
-        from transformers import AutoModelForCausalLM
+    async def update_weights_from_disk(self, path: str | Path, version: int | None = None) -> int:
+        """Load a saved checkpoint (off the event loop), then swap it in between steps."""
+        if self.model is None:
+            raise EngineError("engine not started")
 
-        fresh = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return self.update_weights(fresh.state_dict(), version)
+        def load() -> dict[str, torch.Tensor]:
+            from transformers import AutoModelForCausalLM
+
+            fresh = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            return fresh.state_dict()
+
+        state_dict = await asyncio.to_thread(load)
+        return await asyncio.to_thread(self.update_weights, state_dict, version)
 
     # ---- requests --------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
+    ) -> GenerationResult:
         req = self._submit(prompt_ids, params, stream=False)
         try:
             return await asyncio.shield(req.future)
@@ -153,7 +163,7 @@ class EmbeddedEngine(InferenceEngine):
             raise
 
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         req = self._submit(prompt_ids, params, stream=True)
         assert req.chunks is not None

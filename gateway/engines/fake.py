@@ -95,7 +95,9 @@ class FakeEngine(InferenceEngine):
             top_logprobs=top,
         )
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
+    ) -> GenerationResult:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         result = self._plan(prompt_ids, params)
@@ -104,10 +106,10 @@ class FakeEngine(InferenceEngine):
         return result
 
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         if not self.token_delay_s:
-            async for item in super().stream(prompt_ids, params):
+            async for item in super().stream(prompt_ids, params, route_key=route_key):
                 yield item
             return
         if self.delay_s:
