@@ -630,12 +630,12 @@ class Bench:
         return lines
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace the text between our markers (or append it) and keep the rest."""
+def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the text between the markers (or append it) and keep the rest."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + section.rstrip("\n") + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section

@@ -1,0 +1,118 @@
+"""Async (max_staleness 1) against synchronous (0) training: wall-clock on the same run.
+
+Both runs train SmolLM2-135M-Instruct with the demo's multi-turn OpenAI-SDK agent
+(agents/math_multi_turn.yaml) for the same number of steps, on the same data, each as
+its own `turnstile train` process, one after the other. In the synchronous run the
+engine idles while DeepSpeed trains and the trainer idles while agents run; in the
+async run the next batch is collected while the current one trains.
+
+    python -m bench.run_async_vs_sync               # ~10 min on 2 cores
+    python -m bench.run_async_vs_sync --steps 4     # quicker
+
+It writes its section of docs/benchmarks.md (between markers) and
+runs/bench/async_vs_sync.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.run_gateway_bench import write_section
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN = "<!-- BEGIN async-vs-sync (written by bench/run_async_vs_sync.py) -->"
+END = "<!-- END async-vs-sync -->"
+
+
+def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
+    run_dir = out / mode
+    cmd = [
+        sys.executable, "-m", "trainer.cli", "train", "--config", "agents/math_multi_turn.yaml",
+        f"run_dir={run_dir}", f"total_steps={steps}", f"rollout.max_staleness={staleness}",
+        "tensorboard=false", "checkpoint_every=0",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    later = rows[1:] or rows  # the first step pays for start-up in both modes
+
+    def avg(key: str) -> float:
+        vals = [r.get(key) or 0.0 for r in later]
+        return sum(vals) / len(vals)
+
+    return {
+        "mode": mode,
+        "max_staleness": staleness,
+        "steps": steps,
+        "wall_s": wall,
+        "loop_s": sum(r["step_s"] for r in rows),
+        "step_s": avg("step_s"),
+        "rollout_wait_s": avg("rollout_wait_s"),
+        "train_s": avg("train_s"),
+        "staleness_mean": avg("staleness_mean"),
+        "reward_first": rows[0]["reward_mean"],
+        "reward_last": rows[-1]["reward_mean"],
+        "reward_mean": sum(r["reward_mean"] or 0 for r in rows) / len(rows),
+    }
+
+
+def section(results: list[dict], steps: int) -> str:
+    sync, asyn = results
+    speedup = sync["loop_s"] / asyn["loop_s"]
+    lines = [
+        BEGIN,
+        "",
+        f"Measured {dt.date.today()} on {platform.machine()} with {os.cpu_count()} cores "
+        f"(no GPU): {steps} steps of agents/math_multi_turn.yaml each "
+        "(8 prompts x 4 runs a step, SmolLM2-135M, embedded engine, DeepSpeed ZeRO-0).",
+        "",
+        "| run | max_staleness | whole run (s) | training loop (s) | s/step after the first "
+        "| waiting for rollouts (s/step) | DeepSpeed step (s/step) | mean staleness "
+        "| mean reward |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['mode']} | {r['max_staleness']} | {r['wall_s']:.0f} | {r['loop_s']:.0f} "
+            f"| {r['step_s']:.1f} | {r['rollout_wait_s']:.1f} | {r['train_s']:.1f} "
+            f"| {r['staleness_mean']:.2f} | {r['reward_mean']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Async over sync, training loop: {speedup:.2f}x "
+        f"({sync['loop_s']:.0f} s -> {asyn['loop_s']:.0f} s).",
+        "",
+        END,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--out", default="runs/bench/async_vs_sync")
+    p.add_argument("--doc", default="docs/benchmarks.md")
+    args = p.parse_args(argv)
+    out = REPO / args.out
+    results = [run("sync", 0, args.steps, out), run("async", 1, args.steps, out)]
+    (out.parent / "async_vs_sync.json").write_text(json.dumps(results, indent=2))
+    text = section(results, args.steps)
+    write_section(REPO / args.doc, text, BEGIN, END)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
