@@ -39,7 +39,9 @@ def test_two_ranks_train_share_batches_and_checkpoint(tmp_path, tiny_model, zero
     }
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    dist_vars = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
+    env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

@@ -40,6 +40,9 @@ class GatewaySection:
     engine: str = "embedded"  # embedded | sglang
     # sglang: one URL (a server or an sglang-router) or several (sticky per session)
     engine_urls: list[str] = field(default_factory=list)
+    # where weight updates go when engine_urls is a router (default: the router's workers)
+    engine_update_urls: list[str] = field(default_factory=list)
+    engine_max_context: int | None = None  # used when the server reports none
 
 
 @dataclass

@@ -17,22 +17,14 @@ def ppo_clip_loss(
     mask: torch.Tensor,
     eps_clip: float = 0.2,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO/PPO clipped surrogate: -min(r A, clip(r, 1-eps, 1+eps) A)."""
-    log_ratio = (logprobs - old_logprobs) * mask
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    loss_sum = (per_token * mask).sum()
+    """GRPO/PPO clipped surrogate: -min(r A, clip(r, 1-eps, 1+eps) A), r = pi / pi_old.
 
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        stats = {
-            "clip_frac": float(((unclipped != clipped).float() * mask).sum() / n),
-            "ratio_mean": float((ratio * mask).sum() / n),
-            "approx_kl": float(((ratio - 1 - log_ratio) * mask).sum() / n),
-        }
-    return loss_sum, stats
+    The decoupled objective with the proximal policy equal to the behaviour policy.
+    """
+    loss_sum, stats = decoupled_ppo_loss(
+        logprobs, old_logprobs, old_logprobs, advantages, mask, eps_clip, float("inf")
+    )
+    return loss_sum, {k: stats[k] for k in ("clip_frac", "ratio_mean", "approx_kl")}
 
 
 def decoupled_ppo_loss(

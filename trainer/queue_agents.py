@@ -45,7 +45,7 @@ from typing import Any
 
 from trainer.llm_api import GenerationHyperparameters, LLMRequest, LLMResponse
 from trainer.rewards import math_answer_correct
-from trainer.rollout import Episode
+from trainer.rollout import Episode, EpisodeRunner
 from trainer.rollout_engine import RolloutEngine
 from trainer.workflow_api import SampleError, sequence_to_sample, split_sequences
 
@@ -292,7 +292,7 @@ register_env("math-single-step", MathSingleStepEnv)
 # ---- the driver ---------------------------------------------------------------------
 
 
-class QueueAgentRunner:
+class QueueAgentRunner(EpisodeRunner):
     """Runs a queue agent for the trainer: `await run_group(data, group, group_size)`.
 
     For every run: two fresh queues, the agent's `collect_trajectory`, and a driver that
@@ -315,12 +315,7 @@ class QueueAgentRunner:
         self.env = env
         self.engine = engine
         self.episode_timeout_s = episode_timeout_s
-        self._sem = asyncio.Semaphore(max_concurrent)
-
-    async def run_group(self, data: dict[str, Any], group: int, group_size: int) -> list[Episode]:
-        return list(
-            await asyncio.gather(*(self.run_episode(data, group) for _ in range(group_size)))
-        )
+        super().__init__(max_concurrent)
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:

@@ -38,6 +38,25 @@ class Episode:
     raw: list[dict[str, Any]] = field(default_factory=list)
 
 
+class EpisodeRunner:
+    """Runs one dataset row `group_size` times at once (a GRPO group).
+
+    Subclasses implement `run_episode` and hold `self._sem` around it, so at most
+    `max_concurrent` episodes are in flight across all groups.
+    """
+
+    def __init__(self, max_concurrent: int = 64) -> None:
+        self._sem = asyncio.Semaphore(max_concurrent)
+
+    async def run_group(self, data: dict[str, Any], group: int, group_size: int) -> list[Episode]:
+        return list(
+            await asyncio.gather(*(self.run_episode(data, group) for _ in range(group_size)))
+        )
+
+    async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
+        raise NotImplementedError
+
+
 class RewardShapeError(ValueError):
     pass
 
@@ -77,7 +96,7 @@ def _finite(value: Any, what: str) -> float:
     raise RewardShapeError(f"{what} must be a finite float, int or bool; got {value!r}")
 
 
-class RolloutRunner:
+class RolloutRunner(EpisodeRunner):
     def __init__(
         self,
         admin: GatewayAdmin,
@@ -109,12 +128,7 @@ class RolloutRunner:
         self.http_client = http_client
         self.export_style = export_style
         self.turn_discount = turn_discount
-        self._sem = asyncio.Semaphore(max_concurrent)
-
-    async def run_group(self, data: dict[str, Any], group: int, group_size: int) -> list[Episode]:
-        return list(
-            await asyncio.gather(*(self.run_episode(data, group) for _ in range(group_size)))
-        )
+        super().__init__(max_concurrent)
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:

@@ -181,6 +181,9 @@ class Trainer:
             if not g.engine_urls:
                 raise ValueError("gateway.engine: sglang needs gateway.engine_urls")
             extra["engine_urls"] = list(g.engine_urls)
+            extra["engine_update_urls"] = list(g.engine_update_urls)
+            if g.engine_max_context is not None:
+                extra["engine_max_context"] = g.engine_max_context
         gw_cfg = GatewayConfig(
             host=g.host,
             port=g.port,
@@ -317,7 +320,13 @@ class Trainer:
             )
         from trainer.rollout_engine import RolloutEngine
 
-        engine = RolloutEngine(self.gateway.engine, self.gateway.loop)
+        # like the gateway (and SGLang), stop at the chat template's end tokens unless
+        # a workflow's gconfig names its own
+        engine = RolloutEngine(
+            self.gateway.engine,
+            self.gateway.loop,
+            default_stop_token_ids=self.gateway.state.renderer.stop_token_ids,
+        )
         if kind == "token":
             from trainer.workflow_api import TokenWorkflowRunner
 

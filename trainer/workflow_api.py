@@ -24,7 +24,6 @@ OpenAI-style agents. See `sequence_to_sample` for the sample format.
 from __future__ import annotations
 
 import abc
-import asyncio
 import copy
 import logging
 import math
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 
 from trainer.llm_api import GenerationHyperparameters
-from trainer.rollout import Episode
+from trainer.rollout import Episode, EpisodeRunner
 from trainer.rollout_engine import RolloutEngine
 
 __all__ = [
@@ -285,7 +284,7 @@ def episode_samples(
 # ---- the runner ---------------------------------------------------------------------
 
 
-class TokenWorkflowRunner:
+class TokenWorkflowRunner(EpisodeRunner):
     """Runs a `RolloutWorkflow` for the trainer: `await run_group(data, group, group_size)`.
 
     A workflow that raises or returns malformed data yields an Episode with `error` set
@@ -299,12 +298,7 @@ class TokenWorkflowRunner:
             raise TypeError(f"{type(workflow).__name__} has no `async def arun_episode`")
         self.workflow = workflow
         self.engine = engine
-        self._sem = asyncio.Semaphore(max_concurrent)
-
-    async def run_group(self, data: dict[str, Any], group: int, group_size: int) -> list[Episode]:
-        return list(
-            await asyncio.gather(*(self.run_episode(data, group) for _ in range(group_size)))
-        )
+        super().__init__(max_concurrent)
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:
