@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.engines.fake import FAKE_LOGPROB, FakeEngine
-from trainer import queue_agents
+from trainer import queue_agents, registry
 from trainer.config import load_config
 from trainer.llm_api import GenerationHyperparameters
 from trainer.queue_agents import (
@@ -41,8 +41,8 @@ RETRY = "Unfortunately your answer is wrong. Let's try again."
 @pytest.fixture
 def registries(monkeypatch):  # type: ignore[no-untyped-def]
     """Registrations made by a test disappear after it."""
-    monkeypatch.setattr(queue_agents, "_AGENTS", dict(queue_agents._AGENTS))
-    monkeypatch.setattr(queue_agents, "_ENVS", dict(queue_agents._ENVS))
+    monkeypatch.setattr(registry, "_AGENTS", dict(registry._AGENTS))
+    monkeypatch.setattr(registry, "_ENVS", dict(registry._ENVS))
 
 
 class VersionedFake(FakeEngine):
@@ -114,7 +114,7 @@ def test_registry(registries) -> None:  # type: ignore[no-untyped-def]
 
 def test_importing_the_agent_file_twice_registers_once() -> None:
     assert import_file(AGENT_FILE) is MATH_AGENT
-    assert queue_agents._AGENTS["math-multi-turn"] is MATH_AGENT.MathMultiTurnQueueAgent
+    assert registry._AGENTS["math-multi-turn"] is MATH_AGENT.MathMultiTurnQueueAgent
     with pytest.raises(ValueError, match="does not exist"):
         import_file(REPO / "agents" / "missing.py")
 

@@ -30,21 +30,27 @@ sections of the trainer config).
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import copy
 import logging
 import operator
-import sys
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from trainer.agent_env import Agent, EnvironmentService
 from trainer.llm_api import GenerationHyperparameters, LLMRequest, LLMResponse
-from trainer.rewards import math_answer_correct
+from trainer.math_env import MathSingleStepEnv  # registers "math-single-step"
+from trainer.registry import (
+    RegistryError,
+    import_file,
+    make_agent,
+    make_env,
+    register_agent,
+    register_env,
+    registered_agents,
+    registered_envs,
+)
 from trainer.rollout import Episode, EpisodeRunner
 from trainer.rollout_engine import RolloutEngine
 from trainer.workflow_api import SampleError, sequence_to_sample, split_sequences
@@ -66,36 +72,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-# ---- interfaces ---------------------------------------------------------------------
-
-
-class EnvironmentService(abc.ABC):
-    """An async gym-style environment. One instance serves all concurrent episodes."""
-
-    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        """Start an episode; returns (observation, info)."""
-        return None, {}
-
-    @abc.abstractmethod
-    async def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        """Returns (observation, reward, terminated, truncated, info)."""
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        pass
-
-
-class Agent(abc.ABC):
-    @abc.abstractmethod
-    async def collect_trajectory(
-        self,
-        prompt: dict[str, Any],
-        env: EnvironmentService,
-        obs_queue: asyncio.Queue,
-        act_queue: asyncio.Queue,
-    ) -> list[dict[str, Any]]:
-        """Play one episode for the dataset row `prompt` (it has a unique "qid")."""
 
 
 @dataclass
@@ -146,147 +122,6 @@ class BundledGenerationOutputs:
     @property
     def version_end(self) -> list[int]:
         return [v[-1] if v else -1 for v in self.versions]
-
-
-# ---- registries ---------------------------------------------------------------------
-
-
-class RegistryError(ValueError):
-    pass
-
-
-_AGENTS: dict[str, type] = {}
-_ENVS: dict[str, type] = {}
-
-
-def _same_definition(a: type, b: type) -> bool:
-    """The same class imported twice (e.g. one file loaded under two module names)."""
-    if a is b:
-        return True
-    fa = getattr(sys.modules.get(a.__module__), "__file__", None)
-    fb = getattr(sys.modules.get(b.__module__), "__file__", None)
-    return a.__qualname__ == b.__qualname__ and fa is not None and fa == fb
-
-
-def _register(table: dict[str, type], kind: str, name: str, cls: type) -> type:
-    if not isinstance(name, str) or not name:
-        raise RegistryError(f"{kind} name must be a non-empty string, got {name!r}")
-    if not isinstance(cls, type):
-        raise RegistryError(f"register_{kind}({name!r}, ...) needs a class, got {cls!r}")
-    old = table.get(name)
-    if old is not None and not _same_definition(old, cls):
-        raise RegistryError(
-            f"{kind} {name!r} is already registered to {old.__module__}.{old.__qualname__}; "
-            f"pick another name for {cls.__module__}.{cls.__qualname__}"
-        )
-    table[name] = cls
-    return cls
-
-
-def _make(table: dict[str, type], kind: str, name: str, args: dict[str, Any]) -> Any:
-    cls = table.get(name)
-    if cls is None:
-        known = sorted(table) or "none"
-        raise RegistryError(
-            f"unknown {kind} {name!r}; registered {kind}s: {known} (is the file that "
-            f"calls register_{kind} listed under `imports:`?)"
-        )
-    try:
-        return cls(**args)
-    except TypeError as exc:
-        raise RegistryError(
-            f"cannot build {kind} {name!r} ({cls.__name__}(**{args})): {exc}"
-        ) from exc
-
-
-def register_agent(name: str, cls: type) -> type:
-    return _register(_AGENTS, "agent", name, cls)
-
-
-def register_env(name: str, cls: type) -> type:
-    return _register(_ENVS, "env", name, cls)
-
-
-def make_agent(name: str, **args: Any) -> Agent:
-    return _make(_AGENTS, "agent", name, args)
-
-
-def make_env(name: str, **args: Any) -> EnvironmentService:
-    return _make(_ENVS, "env", name, args)
-
-
-def registered_agents() -> list[str]:
-    return sorted(_AGENTS)
-
-
-def registered_envs() -> list[str]:
-    return sorted(_ENVS)
-
-
-def import_file(path: str | Path) -> ModuleType:
-    """Import a Python file by path, once (what the config's `imports:` does).
-
-    The same loader as "path/file.py:Class" specs, so a file named both in `imports:`
-    and in a spec is one module.
-    """
-    from trainer.workflow import _load_file_module
-
-    return _load_file_module(str(path))
-
-
-# ---- the built-in math environment --------------------------------------------------
-
-
-class MathSingleStepEnv(EnvironmentService):
-    """Scores final answers against the reference with math-verify.
-
-    The reference is found by qid (the part before any "@"): tell the env at the start
-    of an episode with `await env.reset(options={"qid": qid, "answer": answer})`, or build
-    it with `answers={qid: answer, ...}`. `step((qid, [text, ...]))` returns
-    `(None, [1.0 or 0.0 per text], True, False, {})`; `step((qid, texts, answer))` scores
-    against `answer` directly.
-    """
-
-    def __init__(self, answers: dict[str, Any] | None = None, max_tracked: int = 65536) -> None:
-        self._answers: OrderedDict[str, str] = OrderedDict(
-            (str(k), str(v)) for k, v in (answers or {}).items()
-        )
-        self.max_tracked = max_tracked
-
-    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        options = options or {}
-        if "qid" in options and "answer" in options:
-            qid = str(options["qid"]).split("@")[0]
-            self._answers[qid] = str(options["answer"])
-            self._answers.move_to_end(qid)
-            while len(self._answers) > self.max_tracked:
-                self._answers.popitem(last=False)
-        return None, {}
-
-    async def step(self, action: Any) -> tuple[Any, list[float], bool, bool, dict[str, Any]]:
-        if not isinstance(action, (tuple, list)) or len(action) not in (2, 3):
-            raise ValueError(
-                f"math-single-step expects (qid, answers[, reference]), got {action!r}"
-            )
-        qid, answers = str(action[0]), action[1]
-        if isinstance(answers, str):
-            answers = [answers]
-        if len(action) == 3:
-            reference = str(action[2])
-        else:
-            reference = self._answers.get(qid.split("@")[0])
-            if reference is None:
-                raise ValueError(
-                    f"math-single-step: no reference answer for qid {qid!r}; call "
-                    "env.reset(options={'qid': ..., 'answer': ...}) first"
-                )
-        rewards = await asyncio.to_thread(
-            lambda: [1.0 if math_answer_correct(str(a), reference) else 0.0 for a in answers]
-        )
-        return None, rewards, True, False, {}
-
-
-register_env("math-single-step", MathSingleStepEnv)
 
 
 # ---- the driver ---------------------------------------------------------------------

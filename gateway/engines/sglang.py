@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -45,9 +44,7 @@ from typing import Any
 import httpx
 
 from gateway.engines.base import (
-    ContextLengthExceeded,
     EngineError,
-    FinishReason,
     GenerationResult,
     InferenceEngine,
     SamplingParams,
@@ -55,19 +52,22 @@ from gateway.engines.base import (
     TopLogprobs,
 )
 from gateway.engines.routing import StickyRouter
+from gateway.engines.sglang_protocol import (
+    as_int,
+    dumps,
+    error_message,
+    finish_reason,
+    generate_body,
+    new_tokens,
+    normalize_url,
+    parse_output,
+    raise_if_refused,
+    refusal,
+)
 
 log = logging.getLogger(__name__)
 
 ROUTING_HEADER = "X-SMG-Routing-Key"  # what sglang-router's sticky policies read
-# SGLang's own refusals (tokenizer_manager._validate_one_request), so that they become
-# a 400 context_length_exceeded rather than an engine failure.
-_INPUT_TOO_LONG = re.compile(
-    r"input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"
-)
-_TOTAL_TOO_LONG = re.compile(
-    r"exceeds the model's maximum context length of (\d+) tokens\. "
-    r"You requested a total of (\d+) tokens: (\d+) tokens from the input"
-)
 
 
 class ServerUnreachable(EngineError):
@@ -121,8 +121,8 @@ class SGLangEngine(InferenceEngine):
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise ValueError("the sglang engine needs at least one server URL (--engine-url)")
-        self.urls = [_normalize(u) for u in url_list]
-        self.update_urls = [_normalize(u) for u in update_urls] if update_urls else None
+        self.urls = [normalize_url(u) for u in url_list]
+        self.update_urls = [normalize_url(u) for u in update_urls] if update_urls else None
         self.router = (
             StickyRouter(self.urls, max_keys=max_route_keys) if len(self.urls) > 1 else None
         )
@@ -242,13 +242,13 @@ class SGLangEngine(InferenceEngine):
                 continue
             answered = True
             if path == "/get_model_info":
-                version = _as_int(data.get("weight_version"))
+                version = as_int(data.get("weight_version"))
             elif path == "/v1/models":
                 models = data.get("data") or []
-                ctx = _as_int(models[0].get("max_model_len")) if models else None
+                ctx = as_int(models[0].get("max_model_len")) if models else None
             elif ctx is None:
-                ctx = _as_int(data.get("context_length"))
-                max_input = _as_int(data.get("max_req_input_len"))
+                ctx = as_int(data.get("context_length"))
+                max_input = as_int(data.get("max_req_input_len"))
                 if ctx is None and max_input is not None:
                     ctx = max_input + 1
             if ctx is not None and path != "/get_model_info":
@@ -357,7 +357,7 @@ class SGLangEngine(InferenceEngine):
                 finish = seg.finish or {"type": "abort"}
                 if finish.get("type") != "abort":
                     break
-                _raise_if_refused(finish, url, len(prompt_ids) + len(output))
+                raise_if_refused(finish, url, len(prompt_ids) + len(output))
                 # Aborted (a weight update paused the server, or someone aborted it):
                 # continue from where it stopped, as a new request.
                 stalled = 0 if seg.ids else stalled + 1
@@ -378,7 +378,7 @@ class SGLangEngine(InferenceEngine):
             output_ids=output,
             logprobs=logprobs,
             versions=versions,
-            finish_reason=_finish_reason(finish),
+            finish_reason=finish_reason(finish),
             queue_s=started - submitted if stream else 0.0,
             gen_s=end - started if stream else end - submitted,
             top_logprobs=top,
@@ -408,27 +408,7 @@ class SGLangEngine(InferenceEngine):
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
     ) -> bytes:
-        sampling: dict[str, Any] = {
-            "max_new_tokens": params.max_new_tokens - produced,
-            "temperature": params.temperature,  # 0: greedy (SGLang: top_k=1)
-            "top_p": params.top_p,
-            "stop_token_ids": list(params.stop_token_ids),
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-        }
-        if params.seed is not None and self.send_seed:
-            # A resubmitted segment is a new request: give it its own stream of randomness.
-            sampling["sampling_seed"] = params.seed + produced
-        body: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": sampling,
-            "return_logprob": True,
-            "logprob_start_len": -1,  # output tokens only: no prompt logprobs
-            "stream": stream,
-        }
-        if params.top_logprobs:
-            body["top_logprobs_num"] = params.top_logprobs
-        return _dumps(body)
+        return generate_body(input_ids, params, produced, stream, send_seed=self.send_seed)
 
     async def _segment(
         self,
@@ -447,29 +427,29 @@ class SGLangEngine(InferenceEngine):
             if not stream:
                 r = await self._client.post(target, content=body, headers=headers)
                 if r.status_code != 200:
-                    raise _refusal(url, r.status_code, r.content, prompt_len)
-                out = _parse_output(r.content, url)
-                ids, lps, alts = _new_tokens(out["meta_info"], 0, url)
+                    raise refusal(url, r.status_code, r.content, prompt_len)
+                out = parse_output(r.content, url)
+                ids, lps, alts = new_tokens(out["meta_info"], 0, url)
                 seg.ids += ids
                 seg.finish = out["meta_info"].get("finish_reason")
                 if ids:
-                    yield ids, lps, alts, _as_int(out["meta_info"].get("weight_version"))
+                    yield ids, lps, alts, as_int(out["meta_info"].get("weight_version"))
                 return
             async with self._client.stream("POST", target, content=body, headers=headers) as r:
                 if r.status_code != 200:
-                    raise _refusal(url, r.status_code, await r.aread(), prompt_len)
+                    raise refusal(url, r.status_code, await r.aread(), prompt_len)
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    out = _parse_output(payload, url, prompt_len)
+                    out = parse_output(payload, url, prompt_len)
                     meta = out["meta_info"]
-                    ids, lps, alts = _new_tokens(meta, len(seg.ids), url)
+                    ids, lps, alts = new_tokens(meta, len(seg.ids), url)
                     seg.ids += ids
                     if ids:
-                        yield ids, lps, alts, _as_int(meta.get("weight_version"))
+                        yield ids, lps, alts, as_int(meta.get("weight_version"))
                     if meta.get("finish_reason") is not None:
                         seg.finish = meta["finish_reason"]
             if seg.finish is None:
@@ -558,10 +538,10 @@ class SGLangEngine(InferenceEngine):
         """The workers behind an sglang-router (None: `url` is a server, not a router)."""
         data = await self._get_json(url, "/list_workers")
         if isinstance(data, dict) and data.get("urls"):
-            return [_normalize(u) for u in data["urls"]]
+            return [normalize_url(u) for u in data["urls"]]
         data = await self._get_json(url, "/workers")
         if isinstance(data, dict) and data.get("workers"):
-            return [_normalize(w["url"]) for w in data["workers"] if w.get("url")]
+            return [normalize_url(w["url"]) for w in data["workers"] if w.get("url")]
         return None
 
     async def _pause(self, url: str) -> bool | str:
@@ -581,7 +561,7 @@ class SGLangEngine(InferenceEngine):
             self.pause_supported[url] = False
             return False
         if r.status_code != 200:
-            return f"{url}/pause_generation answered {r.status_code}: {_message(r.content)}"
+            return f"{url}/pause_generation answered {r.status_code}: {error_message(r.content)}"
         self.pause_supported[url] = True
         return True
 
@@ -609,7 +589,7 @@ class SGLangEngine(InferenceEngine):
         try:
             r = await self._client.post(
                 f"{url}/update_weights_from_disk",
-                content=_dumps(body),
+                content=dumps(body),
                 timeout=self.update_timeout_s,
             )
         except httpx.HTTPError as exc:
@@ -620,125 +600,8 @@ class SGLangEngine(InferenceEngine):
             data = {}
         if r.status_code != 200 or not (isinstance(data, dict) and data.get("success")):
             message = data.get("message") if isinstance(data, dict) else None
-            return f"{url} answered {r.status_code}: {message or _message(r.content)}"
+            return f"{url} answered {r.status_code}: {message or error_message(r.content)}"
         return None
 
 
 # ---- protocol helpers ----------------------------------------------------------------
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def _normalize(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
-    return url
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def _parse_output(raw: bytes | str, url: str, prompt_len: int = 0) -> dict[str, Any]:
-    try:
-        out = json.loads(raw)
-    except ValueError as exc:
-        raise EngineError(f"the SGLang server at {url} sent something that is not JSON") from exc
-    if isinstance(out, dict) and "error" in out and "meta_info" not in out:
-        # A refusal sent as a stream event (HTTP 200 already sent).
-        raise _refusal(url, 400, raw, prompt_len)
-    if not isinstance(out, dict) or not isinstance(out.get("meta_info"), dict):
-        raise EngineError(f"the SGLang server at {url} answered without meta_info")
-    return out
-
-
-def _new_tokens(
-    meta: dict[str, Any], have: int, url: str
-) -> tuple[list[int], list[float], list[TopLogprobs]]:
-    """Token ids, logprobs and top logprobs not yet seen in this segment.
-
-    SGLang sends the whole output so far in each stream event, unless it runs with
-    `--incremental-streaming-output` (then only what is new): `completion_tokens`
-    tells which.
-    """
-    triples = meta.get("output_token_logprobs")
-    if triples is None:
-        if meta.get("completion_tokens"):
-            raise EngineError(
-                f"the SGLang server at {url} sent no output_token_logprobs (return_logprob)"
-            )
-        return [], [], []
-    total = meta.get("completion_tokens")
-    cumulative = total is None or len(triples) == total
-    start = have if cumulative else 0
-    new = triples[start:]
-    ids = [int(t[1]) for t in new]
-    lps = [float(t[0]) if t[0] is not None else 0.0 for t in new]
-    tops = meta.get("output_top_logprobs")
-    alts: list[TopLogprobs] = []
-    if tops is not None:
-        alts = [
-            [(int(t[1]), float(t[0])) for t in (pos or []) if t[0] is not None]
-            for pos in tops[start:]
-        ]
-        alts += [[] for _ in range(len(ids) - len(alts))]
-    return ids, lps, alts
-
-
-def _finish_reason(finish: dict[str, Any]) -> FinishReason:
-    kind = finish.get("type")
-    if kind == "length" or kind == "abort":
-        return kind
-    return "stop"
-
-
-def _message(raw: bytes | str) -> str:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        return text.strip()[:500] or "(empty body)"
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        for key in ("message", "detail", "error"):
-            if data.get(key):
-                return str(data[key])
-    return str(data)[:500]
-
-
-def _refusal(url: str, status: int, raw: bytes | str, prompt_len: int) -> Exception:
-    message = _message(raw)
-    too_long = _context_refusal(message, prompt_len)
-    if too_long is not None:
-        return too_long
-    return EngineError(f"the SGLang server at {url} answered {status}: {message}")
-
-
-def _context_refusal(message: str, prompt_len: int) -> ContextLengthExceeded | None:
-    m = _INPUT_TOO_LONG.search(message)
-    if m:
-        return ContextLengthExceeded(int(m.group(1)), int(m.group(2)))
-    m = _TOTAL_TOO_LONG.search(message)
-    if m:
-        return ContextLengthExceeded(int(m.group(3)), int(m.group(1)))
-    return None
-
-
-def _raise_if_refused(finish: dict[str, Any], url: str, prompt_len: int) -> None:
-    """An abort that carries a 4xx status is a refusal, not an interruption."""
-    status = finish.get("status_code")
-    if isinstance(status, int) and 400 <= status < 500:
-        message = str(finish.get("message") or "request refused")
-        too_long = _context_refusal(message, prompt_len)
-        if too_long is not None:
-            raise too_long
-        raise EngineError(f"the SGLang server at {url} refused the request: {message}")
