@@ -1,4 +1,5 @@
-"""Data-parallel training on 2 CPU ranks (gloo), launched by torchrun as a user would."""
+"""Data-parallel training on 2 CPU ranks (gloo), launched by torchrun or the deepspeed
+launcher as a user would."""
 
 from __future__ import annotations
 
@@ -22,8 +23,24 @@ def tiny_model(tmp_path_factory, tokenizer) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny"), tokenizer)
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_ranks_train_share_batches_and_checkpoint(tmp_path, tiny_model, zero_stage) -> None:
+def _launch(launcher: str, port: int) -> list[str]:
+    if launcher == "torchrun":
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(port), "-m", "trainer.cli",
+        ]  # fmt: skip
+    return [
+        str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2",
+        "--master_port", str(port), "--module", "trainer.cli",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("launcher", "zero_stage"), [("torchrun", 2), ("torchrun", 3), ("deepspeed", 2)]
+)
+def test_two_ranks_train_share_batches_and_checkpoint(
+    tmp_path, tiny_model, launcher, zero_stage
+) -> None:
     run_dir = tmp_path / "run"
     config = {
         "run_dir": str(run_dir),
@@ -43,10 +60,7 @@ def test_two_ranks_train_share_batches_and_checkpoint(tmp_path, tiny_model, zero
     env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(free_port()), "-m", "trainer.cli", "train", "--config", str(cfg_path),
-        ],
+        [*_launch(launcher, free_port()), "train", "--config", str(cfg_path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -45,6 +45,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
+    # the `deepspeed` launcher passes --local_rank=N ahead of the command; the rank also
+    # arrives in $LOCAL_RANK, which is what the trainer reads
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the gateway alone (data collection)")
