@@ -58,6 +58,23 @@ async def test_max_staleness_one_collects_the_next_batch_while_training() -> Non
     assert sorted(before) == [0, 1, 2, 3]  # one batch ahead, no more
 
 
+async def test_a_slow_group_is_not_overtaken_so_the_bound_holds() -> None:
+    async def run_group(data, group, size):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.3 if group == 0 else 0.0)
+        return [Episode(group=group, session_id=f"s{group}")]
+
+    ctl = RolloutController(
+        run_group, rows(8), DataOrder(8, 0), batch_size=2, group_size=1, max_staleness=1
+    )
+    ctl.start()
+    first = [g for g, _ in await ctl.next_batch()]
+    await ctl.set_version(1)
+    second = [g for g, _ in await ctl.next_batch()]
+    await ctl.stop()
+    # groups 2 and 3 finished long before group 0, yet batches keep start order
+    assert first == [0, 1] and second == [2, 3]
+
+
 async def test_a_crashing_runner_becomes_an_errored_episode_not_a_hang() -> None:
     async def run_group(data, group, size):  # type: ignore[no-untyped-def]
         raise RuntimeError("runner bug")

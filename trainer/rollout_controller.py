@@ -4,9 +4,12 @@ Groups (one dataset row x `group_size` runs) start as long as
 `started < (version + max_staleness + 1) * batch_size`, where `version` is the policy
 version the trainer has published. With `max_staleness: 0` exactly one batch's groups
 run per version: synchronous training. With 1, the next batch is already being
-collected while the current one trains, and no token comes from weights more than one
-update older than those it is trained against. Finished groups are handed to training
-in the order they finish.
+collected while the current one trains.
+
+Groups are handed to training in the order they started, so group g trains at version
+g // batch_size and started at version >= g // batch_size - max_staleness: no token is
+more than `max_staleness` versions older than the weights it is trained against. (Taking
+groups as they finish would let a slow group fall further behind.)
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ class RolloutController:
         self.version = version
         # groups consumed before a resume count as started
         self.started = version * batch_size
-        self._done: asyncio.Queue[tuple[int, list[Episode]]] = asyncio.Queue()
+        # started groups, in start order, each with the task that runs it
+        self._started: asyncio.Queue[tuple[int, asyncio.Task[list[Episode]]]] = asyncio.Queue()
         self._cond = asyncio.Condition()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[list[Episode]]] = set()
         self._producer: asyncio.Task[None] | None = None
 
     def capacity(self) -> int:
@@ -66,23 +70,26 @@ class RolloutController:
             self._cond.notify_all()
 
     async def next_batch(self) -> list[tuple[int, list[Episode]]]:
-        """The next `batch_size` finished groups, as (group index, episodes)."""
+        """The next `batch_size` groups in start order, as (group index, episodes)."""
         out = []
         while len(out) < self.batch_size:
-            if self._producer is not None and self._producer.done():
-                self._producer.result()  # re-raise a producer crash instead of hanging
-            getter = asyncio.ensure_future(self._done.get())
-            waiters: set[asyncio.Future[Any]] = {getter}
-            if self._producer is not None:
-                waiters.add(self._producer)
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                continue
-            group, episodes = getter.result()
+            group, task = await self._wait(self._started.get())
+            episodes = await self._wait(asyncio.shield(task))
             self.order.consumed(group)
             out.append((group, episodes))
         return out
+
+    async def _wait(self, aw: Any) -> Any:
+        """Await `aw`, but re-raise a producer crash instead of hanging."""
+        fut = asyncio.ensure_future(aw)
+        if self._producer is None:
+            return await fut
+        await asyncio.wait({fut, self._producer}, return_when=asyncio.FIRST_COMPLETED)
+        if fut.done():
+            return fut.result()
+        fut.cancel()
+        self._producer.result()
+        raise RuntimeError("the rollout producer stopped")
 
     async def stop(self) -> None:
         tasks = [t for t in (self._producer, *self._tasks) if t is not None]
@@ -100,11 +107,11 @@ class RolloutController:
             task = asyncio.create_task(self._run(group, data), name=f"group-{group}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            self._started.put_nowait((group, task))
 
-    async def _run(self, group: int, data: dict[str, Any]) -> None:
+    async def _run(self, group: int, data: dict[str, Any]) -> list[Episode]:
         try:
-            episodes = await self.run_group(data, group, self.group_size)
+            return await self.run_group(data, group, self.group_size)
         except Exception as exc:  # a runner bug must not stall training
             log.exception("rollout group %d failed", group)
-            episodes = [Episode(group=group, session_id="", error=f"{type(exc).__name__}: {exc}")]
-        await self._done.put((group, episodes))
+            return [Episode(group=group, session_id="", error=f"{type(exc).__name__}: {exc}")]
