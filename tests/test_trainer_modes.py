@@ -97,6 +97,14 @@ def _cli(config: str, run_dir: Path, model: Path, *overrides: str) -> list[dict]
     return _metrics(run_dir / "metrics.jsonl")
 
 
+def _recorded(database: Path) -> list[tuple[dict, list[dict]]]:
+    from gateway.store.database import database_url, open_database
+    from gateway.store.repository import Repository
+
+    repo = Repository(open_database(database_url(str(database))))
+    return [(s, repo.completions(s["id"])) for s in repo.list_sessions(limit=1000)]
+
+
 def test_remax_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
     metrics = _cli(
         "agents/remax.yaml", tmp_path / "remax", tiny_model,
@@ -107,6 +115,14 @@ def test_remax_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
         assert m["episodes"] == 2 and m["episode_errors"] == 0
         assert m["completions"] == 4  # a sampled and a greedy answer per prompt
         assert m["trained_tokens"] > 0 and "loss" in m
+    # token-level generations are recorded like chat completions: a session per episode
+    sessions = _recorded(tmp_path / "remax" / "sessions.db")
+    assert len(sessions) == 4
+    for _, completions in sessions:
+        assert len(completions) == 2
+        for c in completions:
+            assert c["endpoint"] == "direct" and c["output_ids"]
+            assert len(c["output_logprobs"]) == len(c["output_versions"]) == len(c["output_ids"])
 
 
 def test_queue_agent_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
@@ -119,6 +135,9 @@ def test_queue_agent_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
     assert m["num_samples"] == 8  # n_samples=4 trajectories per prompt, one group each
     # a wrong first answer gets feedback and a second turn
     assert m["completions"] > 8
+    sessions = _recorded(tmp_path / "queue" / "sessions.db")
+    assert len(sessions) == 2
+    assert sum(len(c) for _, c in sessions) == m["completions"]
 
 
 def test_training_against_sglang_pushes_each_version_through_disk(tmp_path, tiny_model) -> None:

@@ -159,6 +159,10 @@ class QueueAgentRunner(EpisodeRunner):
             prompt = copy.deepcopy(dict(data))
             prompt["qid"] = qid
             engine = self.engine.fork()
+            # recorded in the gateway's store when the trainer gave the engine a recorder
+            ep.session_id = await engine.open_episode({"group": group, "kind": "queue-agent"}) or (
+                ep.session_id
+            )
             start_version = engine.version
             temperatures: set[float] = set()
             try:
@@ -169,6 +173,7 @@ class QueueAgentRunner(EpisodeRunner):
                 return ep
             finally:
                 ep.num_completions = engine.num_requests
+                await engine.close_episode()
             try:
                 samples, raws = self._samples(trajectories, temperatures, start_version)
             except SampleError as exc:

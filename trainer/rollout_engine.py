@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from typing import TYPE_CHECKING, Any
 
 from gateway.engines.base import ContextLengthExceeded, InferenceEngine
 from trainer.llm_api import LLMRequest, LLMResponse
+
+if TYPE_CHECKING:
+    from gateway.direct_record import DirectRecorder
 
 __all__ = [
     "ContextTooLongError",
@@ -50,6 +54,8 @@ class RolloutEngine:
     - `loop`: the engine's home event loop, when it is not the caller's (see module doc).
     - `default_stop_token_ids`: used for requests whose gconfig names no stop tokens
       (engines stop only on the ids they are given; e.g. the chat template's end token).
+    - `recorder`: where each generation is committed before it is returned (the
+      gateway's store, one session per episode: `open_episode` / `close_episode`).
     """
 
     def __init__(
@@ -58,10 +64,13 @@ class RolloutEngine:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         default_stop_token_ids: list[int] | None = None,
+        recorder: DirectRecorder | None = None,
     ) -> None:
         self.engine = engine
         self.loop = loop
         self.default_stop_token_ids = [int(t) for t in default_stop_token_ids or []]
+        self.recorder = recorder
+        self.session_id: str | None = None  # the episode's session, when recording
         self.num_requests = 0  # agenerate calls made through this object
         self._route_key = _accepts_keyword(engine.generate, "route_key")
 
@@ -77,10 +86,23 @@ class RolloutEngine:
     def fork(self) -> RolloutEngine:
         """The same engine with its own request counter (one per episode)."""
         child = RolloutEngine(
-            self.engine, self.loop, default_stop_token_ids=self.default_stop_token_ids
+            self.engine,
+            self.loop,
+            default_stop_token_ids=self.default_stop_token_ids,
+            recorder=self.recorder,
         )
         child._route_key = self._route_key
         return child
+
+    async def open_episode(self, meta: dict[str, Any]) -> str | None:
+        """Start this (forked) engine's session in the store; its id, or None."""
+        if self.recorder is not None:
+            self.session_id = await self.recorder.open_session(meta)
+        return self.session_id
+
+    async def close_episode(self) -> None:
+        if self.recorder is not None and self.session_id is not None:
+            await self.recorder.end_session(self.session_id)
 
     async def agenerate(self, req: LLMRequest) -> LLMResponse:
         prompt = [int(t) for t in req.input_ids]
@@ -120,6 +142,10 @@ class RolloutEngine:
             raise GenerationError(
                 f"request {req.rid}: engine returned {n} tokens but {len(result.logprobs)} "
                 f"logprobs and {len(result.versions)} versions"
+            )
+        if self.recorder is not None and self.session_id is not None:
+            await self.recorder.record(
+                self.session_id, prompt, result, params, req.rid, time.perf_counter() - started
             )
         return LLMResponse(
             input_tokens=prompt,

@@ -318,14 +318,19 @@ class Trainer:
                 mode=cfg.rollout.agent.mode,
                 subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
             )
+        from gateway.direct_record import DirectRecorder
         from trainer.rollout_engine import RolloutEngine
 
         # like the gateway (and SGLang), stop at the chat template's end tokens unless
         # a workflow's gconfig names its own
+        state = self.gateway.state
         engine = RolloutEngine(
             self.gateway.engine,
             self.gateway.loop,
-            default_stop_token_ids=self.gateway.state.renderer.stop_token_ids,
+            default_stop_token_ids=state.renderer.stop_token_ids,
+            recorder=DirectRecorder(
+                state.repo, state.recorder, str(cfg.model or "default"), state.config.session_ttl_s
+            ),
         )
         if kind == "token":
             from trainer.workflow_api import TokenWorkflowRunner

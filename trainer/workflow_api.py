@@ -304,6 +304,10 @@ class TokenWorkflowRunner(EpisodeRunner):
         async with self._sem:
             ep = Episode(group=group, session_id=f"workflow-{uuid.uuid4().hex[:16]}")
             engine = self.engine.fork()
+            # recorded in the gateway's store when the trainer gave the engine a recorder
+            ep.session_id = await engine.open_episode({"group": group, "kind": "workflow"}) or (
+                ep.session_id
+            )
             start_version = engine.version
             try:
                 out = await self.workflow.arun_episode(engine, copy.deepcopy(data))
@@ -313,6 +317,7 @@ class TokenWorkflowRunner(EpisodeRunner):
                 return ep
             finally:
                 ep.num_completions = engine.num_requests
+                await engine.close_episode()
             if out is None:
                 return ep  # the workflow discarded this episode
             try:
