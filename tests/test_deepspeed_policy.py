@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_helpers import make_tiny_model
 
 from trainer.config import TrainConfig
 from trainer.losses import ppo_clip_loss
@@ -12,23 +13,7 @@ from trainer.packing import pack, token_logprobs
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    path = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), tokenizer)
 
 
 def _samples() -> list[dict]:

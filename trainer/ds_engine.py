@@ -110,38 +110,33 @@ class DeepSpeedEngine(TrainEngine):
         if total == 0:
             return {"loss": 0.0, "trained_tokens": 0.0}
         mine = distributed.shard(batches, [b.num_tokens for b in batches], self.rank, self.world)
-        local_loss = 0.0
         merged: dict[str, float] = {}
-        for i, mb in enumerate(mine):
+
+        def loss_of(mb: PackedBatch | None) -> torch.Tensor:
             mb = mb if mb is not None else padding_batch(self._pad_id)
-            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
             if recompute_prox:
                 with torch.no_grad():
                     mb.prox_logprobs = token_logprobs(self.engine, mb).cpu()
             logp = token_logprobs(self.engine, mb)
             if mb.is_padding:
-                loss = logp.sum() * 0.0
-            else:
-                loss_sum, stats = loss_fn(logp, mb)
-                # DeepSpeed averages gradients over ranks; every token weighs the same
-                loss = loss_sum / total * self.world
-                weight = float(mb.loss_mask.sum()) / total
-                for k, v in stats.items():
-                    merged[k] = merged.get(k, 0.0) + v * weight
-            self.engine.backward(loss)
-            local_loss += float(loss.detach()) / self.world
-        grad_norm = self._step()
-        out = {
-            "loss": self._sum_over_ranks(local_loss),
-            "trained_tokens": total,
-            "packed_tokens": float(sum(b.num_tokens for b in batches)),
-            "micro_batches": float(len(batches)),
-            "train_s": time.perf_counter() - started,
-            **merged,
-        }
-        if grad_norm is not None:
-            out["grad_norm"] = grad_norm
-        return out
+                return logp.sum() * 0.0
+            loss_sum, stats = loss_fn(logp, mb)
+            weight = float(mb.loss_mask.sum()) / total
+            for k, v in stats.items():
+                merged[k] = merged.get(k, 0.0) + v * weight
+            return loss_sum / total  # every token of the step weighs the same
+
+        return self._step_over(
+            mine,
+            loss_of,
+            started,
+            {
+                "trained_tokens": total,
+                "packed_tokens": float(sum(b.num_tokens for b in batches)),
+                "micro_batches": float(len(batches)),
+            },
+            merged,
+        )
 
     # ---- the TrainEngine API ----------------------------------------------------------
     def train_batch(
@@ -158,30 +153,26 @@ class DeepSpeedEngine(TrainEngine):
             return {"loss": 0.0, "micro_batches": float(len(mbs))}
         sizes = [int(mb["input_ids"].numel()) for mb in mbs]
         mine = distributed.shard(list(zip(mbs, weights, strict=True)), sizes, self.rank, self.world)
-        local_loss = 0.0
-        for i, item in enumerate(mine):
-            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
+
+        def loss_of(item: tuple[dict[str, torch.Tensor], float] | None) -> torch.Tensor:
             if item is None:
-                logits = self._logits(self._padding_dict())
-                loss = logits.sum() * 0.0
-            else:
-                mb, w = item
-                loss = loss_fn(self._logits(mb), mb) * (w / total * self.world)
-            self.engine.backward(loss)
-            local_loss += float(loss.detach()) / self.world
-        grad_norm = self._step()
-        out = {
-            "loss": self._sum_over_ranks(local_loss),
-            "trained_tokens": float(sum(float(mb["loss_mask"].sum()) for mb in mbs))
-            if "loss_mask" in mbs[0]
-            else 0.0,
-            "micro_batches": float(len(mbs)),
-            "packed_tokens": float(sum(sizes)),
-            "train_s": time.perf_counter() - started,
-        }
-        if grad_norm is not None:
-            out["grad_norm"] = grad_norm
-        return out
+                return self._logits(self._padding_dict()).sum() * 0.0
+            mb, w = item
+            return loss_fn(self._logits(mb), mb) * (w / total)
+
+        trained = (
+            float(sum(float(mb["loss_mask"].sum()) for mb in mbs)) if "loss_mask" in mbs[0] else 0.0
+        )
+        return self._step_over(
+            mine,
+            loss_of,
+            started,
+            {
+                "trained_tokens": trained,
+                "micro_batches": float(len(mbs)),
+                "packed_tokens": float(sum(sizes)),
+            },
+        )
 
     def eval_batch(
         self,
@@ -214,6 +205,33 @@ class DeepSpeedEngine(TrainEngine):
         }
 
     # ---- shared ----------------------------------------------------------------------
+    def _step_over(
+        self,
+        mine: list[Any],
+        loss_of: Callable[[Any], torch.Tensor],
+        started: float,
+        sizes: dict[str, float],
+        extra: dict[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Backward through this rank's micro-batches (None = padding), then one step."""
+        local_loss = 0.0
+        for i, item in enumerate(mine):
+            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
+            # DeepSpeed averages gradients over ranks: scale up so the sum is the loss
+            loss = loss_of(item) * self.world
+            self.engine.backward(loss)
+            local_loss += float(loss.detach()) / self.world
+        grad_norm = self._step()
+        out = {
+            "loss": self._sum_over_ranks(local_loss),
+            **sizes,
+            "train_s": time.perf_counter() - started,
+            **(extra or {}),
+        }
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm
+        return out
+
     def _step(self) -> float | None:
         grad_norm = (
             self.engine.get_global_grad_norm()
