@@ -12,7 +12,6 @@ from fastapi import FastAPI
 from gateway.api import (
     health_routes,
     openai_routes,
-    responses_routes,
     reward_routes,
     session_routes,
 )
@@ -25,7 +24,9 @@ from gateway.engines.model_source import load_tokenizer, resolve_model_dir
 from gateway.errors import BodySizeLimit, install_error_handlers
 from gateway.metrics import Metrics
 from gateway.serving_chat import ChatService
+from gateway.serving_completions import CompletionService
 from gateway.serving_core import ServingCore
+from gateway.serving_responses import ResponsesService
 from gateway.state import GatewayState
 from gateway.store.database import open_database
 from gateway.store.recorder import Recorder
@@ -44,7 +45,6 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     recorder = Recorder(db)
     metrics = Metrics()
     core = ServingCore(engine, renderer, repo, recorder, metrics, config)
-    chat = ChatService(core, renderer, metrics)
     return GatewayState(
         config,
         engine,
@@ -54,7 +54,9 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
         KeyRing(repo, config.admin_key),
         metrics,
         core,
-        chat,
+        ChatService(core, renderer, metrics),
+        CompletionService(core),
+        ResponsesService(core, renderer, metrics),
     )
 
 
@@ -85,6 +87,6 @@ def create_app(
     app.state.gateway = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    for module in (openai_routes, responses_routes, session_routes, reward_routes, health_routes):
+    for module in (openai_routes, session_routes, reward_routes, health_routes):
         app.include_router(module.router)
     return app

@@ -58,11 +58,9 @@ class ChatService:
         retry_count: int = 0,
     ) -> dict[str, Any] | StreamingResponse:
         self._check(req)
-        if retry_count > 0 and body_hash is not None:
-            rows = await self.core.original_of(session.id, body_hash, req.n)
-            if rows is not None:
-                self.metrics.inc("turnstile_retries_replayed_total")
-                return self._replay(req, rows)
+        rows = await self.core.replay_of(session.id, body_hash, retry_count, req.n)
+        if rows is not None:
+            return self._replay(req, rows)
 
         prompt_ids = self._render(req)
         params = self.core.sampling_params(

@@ -65,10 +65,9 @@ class CompletionService:
                 param="echo",
                 retryable=False,
             )
-        if retry_count > 0 and body_hash is not None:
-            rows = await self.core.original_of(session.id, body_hash, total)
-            if rows is not None:
-                return self._replay(req, rows)
+        rows = await self.core.replay_of(session.id, body_hash, retry_count, total)
+        if rows is not None:
+            return self._replay(req, rows)
 
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         ids = choice_ids("cmpl", total)

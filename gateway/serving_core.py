@@ -236,6 +236,17 @@ class ServingCore:
     def track(self, session_id: str, body_hash: str | None) -> Tracked:
         return Tracked(self, None if body_hash is None else (session_id, body_hash))
 
+    async def replay_of(
+        self, session_id: str, body_hash: str | None, retry_count: int, n: int
+    ) -> list[dict[str, Any]] | None:
+        """For a client retry (retry count > 0): the original's recorded choices, if any."""
+        if retry_count <= 0 or body_hash is None:
+            return None
+        rows = await self.original_of(session_id, body_hash, n)
+        if rows is not None:
+            self.metrics.inc("turnstile_retries_replayed_total")
+        return rows
+
     async def original_of(
         self, session_id: str, body_hash: str, n: int
     ) -> list[dict[str, Any]] | None:

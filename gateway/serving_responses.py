@@ -441,11 +441,9 @@ class ResponsesService:
     ) -> dict[str, Any] | StreamingResponse:
         tools = chat_tools(req.tools)
         self._check_tool_choice(req, tools)
-        if retry_count > 0 and body_hash is not None:
-            rows = await self.core.original_of(session.id, body_hash, 1)
-            if rows is not None:
-                self.metrics.inc("turnstile_retries_replayed_total")
-                return self._replay(req, rows[0])
+        rows = await self.core.replay_of(session.id, body_hash, retry_count, 1)
+        if rows is not None:
+            return self._replay(req, rows[0])
 
         items = input_items(req.input)
         if req.previous_response_id is not None:

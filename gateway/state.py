@@ -12,7 +12,9 @@ from gateway.config import GatewayConfig
 from gateway.engines.base import InferenceEngine
 from gateway.metrics import Metrics
 from gateway.serving_chat import ChatService
+from gateway.serving_completions import CompletionService
 from gateway.serving_core import ServingCore
+from gateway.serving_responses import ResponsesService
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
@@ -28,6 +30,8 @@ class GatewayState:
     metrics: Metrics
     core: ServingCore
     chat: ChatService
+    completions: CompletionService
+    responses: ResponsesService
 
 
 async def get_state(request: Request) -> GatewayState:
