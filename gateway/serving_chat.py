@@ -150,16 +150,9 @@ class ChatService:
 
     def _render(self, req: ChatCompletionRequest) -> list[int]:
         tools = None if req.tool_choice == "none" else req.tools
-        try:
-            return self.renderer.render(req.messages, tools, req.tool_choice)
-        except Exception as exc:  # jinja errors, bad message shapes
-            raise APIError(
-                400,
-                f"could not apply the chat template: {exc}",
-                code="invalid_messages",
-                param="messages",
-                retryable=False,
-            ) from exc
+        return self.core.render(
+            req.messages, tools, req.tool_choice, param="messages", code="invalid_messages"
+        )
 
     @staticmethod
     def _parser(req: ChatCompletionRequest) -> ToolCallParser | None:
@@ -190,13 +183,11 @@ class ChatService:
         """The assistant message (as recorded and answered) and the finish reason."""
         if parser is None:
             return {"role": "assistant", "content": out.text}, out.finish_reason
-        if parser.failures:
-            self.metrics.inc("turnstile_tool_call_parse_failures_total", parser.failures)
+        self.core.count_tool_calls(parser)
         message: dict[str, Any] = {"role": "assistant", "content": parser.content}
         if not parser.tool_calls:
             return message, out.finish_reason
         message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
-        self.metrics.inc("turnstile_tool_calls_total", len(parser.tool_calls))
         finish = "tool_calls" if out.finish_reason == "stop" else out.finish_reason
         return message, finish
 

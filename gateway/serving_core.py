@@ -48,6 +48,7 @@ from gateway.sse import sse_error, sse_response
 from gateway.store.codec import pack_floats, pack_ints, unpack_ints
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository
+from gateway.tool_parsing import ToolCallParser
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,33 @@ class ServingCore:
     # ---- retries ---------------------------------------------------------------------
     def track(self, session_id: str, body_hash: str | None) -> Tracked:
         return Tracked(self, None if body_hash is None else (session_id, body_hash))
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        *,
+        param: str,
+        code: str,
+    ) -> list[int]:
+        """The prompt ids; a template that cannot render the request is the client's 400."""
+        try:
+            return self.renderer.render(messages, tools, tool_choice)
+        except Exception as exc:  # jinja errors, bad message shapes
+            raise APIError(
+                400,
+                f"could not apply the chat template: {exc}",
+                code=code,
+                param=param,
+                retryable=False,
+            ) from exc
+
+    def count_tool_calls(self, parser: ToolCallParser) -> None:
+        if parser.failures:
+            self.metrics.inc("turnstile_tool_call_parse_failures_total", parser.failures)
+        if parser.tool_calls:
+            self.metrics.inc("turnstile_tool_calls_total", len(parser.tool_calls))
 
     async def replay_of(
         self, session_id: str, body_hash: str | None, retry_count: int, n: int

@@ -554,16 +554,9 @@ class ResponsesService:
         tools: list[dict[str, Any]] | None,
         req: ResponsesRequest,
     ) -> list[int]:
-        try:
-            return self.renderer.render(messages, tools, req.tool_choice)
-        except Exception as exc:  # jinja errors, bad message shapes
-            raise APIError(
-                400,
-                f"could not apply the chat template: {exc}",
-                code="invalid_input",
-                param="input",
-                retryable=False,
-            ) from exc
+        return self.core.render(
+            messages, tools, req.tool_choice, param="input", code="invalid_input"
+        )
 
     @staticmethod
     def _parser(answer: Answer) -> ToolCallParser | None:
@@ -576,10 +569,7 @@ class ResponsesService:
     ) -> tuple[str | None, list[ToolCall]]:
         if parser is None:
             return out.text, []
-        if parser.failures:
-            self.metrics.inc("turnstile_tool_call_parse_failures_total", parser.failures)
-        if parser.tool_calls:
-            self.metrics.inc("turnstile_tool_calls_total", len(parser.tool_calls))
+        self.core.count_tool_calls(parser)
         return parser.content, list(parser.tool_calls)
 
     # ---- recording ---------------------------------------------------------------------
