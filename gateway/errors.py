@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.reward_values import finite_reward
 
 log = logging.getLogger(__name__)
 
@@ -133,20 +134,15 @@ class _CatchUnexpected:
 
 
 def check_finite(value: float, param: str) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    try:
-        finite = isinstance(value, (int, float)) and math.isfinite(float(value))
-    except OverflowError:  # an integer too large for a float
-        finite = False
-    if not finite:
+    number = finite_reward(value)
+    if number is None:
         raise APIError(
             400,
             f"{param} must be a finite number, got {value!r}",
             code="invalid_reward",
             param=param,
         )
-    return float(value)
+    return number
 
 
 class BodySizeLimit:

@@ -11,12 +11,12 @@ import asyncio
 import copy
 import inspect
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from gateway.reward_values import finite_reward
 from trainer.gateway_client import GatewayAdmin, GatewayRequestError
 from trainer.subproc import SubprocAgentPool, check_picklable
 from trainer.workflow import WorkflowError
@@ -82,18 +82,10 @@ def rewards_from_return(value: Any, completions: list[dict[str, Any]]) -> dict[s
 
 
 def _finite(value: Any, what: str) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
-        return float(value)
-    try:
-        import numpy as np
-
-        if isinstance(value, np.generic) and math.isfinite(float(value)):
-            return float(value)
-    except ImportError:  # pragma: no cover
-        pass
-    raise RewardShapeError(f"{what} must be a finite float, int or bool; got {value!r}")
+    number = finite_reward(value)
+    if number is None:
+        raise RewardShapeError(f"{what} must be a finite float, int or bool; got {value!r}")
+    return number
 
 
 class RolloutRunner(EpisodeRunner):
