@@ -233,3 +233,26 @@ def test_config_yaml_with_overrides(tmp_path) -> None:
         load_config(path, ["rollout.grup_size=3"])
     with pytest.raises(ConfigError, match="number"):
         load_config(path, ["train.lr=fast"])
+
+
+def test_padded_batches_round_trip_to_packed_micro_batches() -> None:
+    from trainer.batch_dicts import micro_batches, pad_sequences, split_padded
+
+    seqs = [
+        {"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1]), "r": 0.5},
+        {"input_ids": torch.arange(10, 15), "loss_mask": torch.tensor([0, 0, 1, 1, 1]), "r": -1},
+    ]
+    batch = pad_sequences(seqs)
+    assert batch["input_ids"].shape == (2, 5) and batch["r"].tolist() == [0.5, -1.0]
+    assert batch["attention_mask"].sum(1).tolist() == [3, 5]
+    back = split_padded(batch)
+    assert [b["input_ids"].tolist() for b in back] == [[5, 6, 7], [10, 11, 12, 13, 14]]
+    assert [float(b["r"]) for b in back] == [0.5, -1.0]
+    (mb,) = micro_batches(back, max_tokens=64)
+    assert mb["input_ids"].tolist() == [5, 6, 7, 10, 11, 12, 13, 14]
+    assert mb["cu_seqlens"].tolist() == [0, 3, 8]
+    assert mb["position_ids"].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    assert mb["loss_mask"].tolist() == [0, 1, 1, 0, 0, 1, 1, 1]
+    assert len(micro_batches(back, max_tokens=5)) == 2  # the budget splits them
+    with pytest.raises(ValueError, match="attention_mask"):
+        split_padded({"input_ids": batch["input_ids"]})

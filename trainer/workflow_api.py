@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from trainer.batch_dicts import PER_TOKEN_KEYS, SampleError, as_tensor, split_sequences
 from trainer.llm_api import GenerationHyperparameters
 from trainer.rollout import Episode, EpisodeRunner
 from trainer.rollout_engine import RolloutEngine
@@ -49,13 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# Keys that must be aligned with input_ids when present.
-PER_TOKEN_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "attention_mask")
-
-
-class SampleError(ValueError):
-    """A workflow or agent returned data that cannot be trained on."""
 
 
 class RolloutWorkflow(abc.ABC):
@@ -81,84 +75,6 @@ def workflow_temperature(obj: Any) -> float:
 
 
 # ---- turning returned tensors into samples ------------------------------------------
-
-
-def _as_tensor(value: Any) -> torch.Tensor | None:
-    """A tensor for numbers / lists of numbers / arrays; None for anything else."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (str, bytes, dict)) or value is None:
-        return None
-    try:
-        return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
-def split_sequences(out: Any) -> list[dict[str, Any]]:
-    """A workflow's return value -> one dict per sequence, batch dim and padding removed.
-
-    Per-token entries become (L_i,) tensors, per-sequence numbers 0-d tensors; values
-    that are not numeric (strings, nested dicts) are passed through.
-    """
-    if not hasattr(out, "items"):
-        raise SampleError(
-            f"expected a dict of tensors (or a TensorDict) or None, got {type(out).__name__}"
-        )
-    items = dict(out.items())
-    if "input_ids" not in items:
-        raise SampleError(f"no 'input_ids' in the returned keys {sorted(map(str, items))}")
-    ids = _as_tensor(items["input_ids"])
-    if ids is None or ids.dim() not in (1, 2):
-        shape = None if ids is None else tuple(ids.shape)
-        raise SampleError(f"input_ids must be a (B, L) or (L,) tensor, got shape {shape}")
-    batch, length = (1, ids.shape[0]) if ids.dim() == 1 else (ids.shape[0], ids.shape[1])
-    if batch == 0 or length == 0:
-        raise SampleError(f"input_ids is empty (shape {tuple(ids.shape)})")
-
-    rows: list[dict[str, Any]] = [{} for _ in range(batch)]
-    for key, value in items.items():
-        t = _as_tensor(value)
-        for i in range(batch):
-            if t is None:
-                if isinstance(value, list) and batch > 1 and len(value) == batch:
-                    rows[i][key] = value[i]
-                else:
-                    rows[i][key] = value
-                continue
-            rows[i][key] = _row(key, t, i, batch, length)
-
-    for row in rows:
-        mask = row.get("attention_mask")
-        if not isinstance(mask, torch.Tensor) or mask.shape != (length,):
-            continue
-        keep = mask.bool()
-        if bool(keep.all()):
-            continue
-        for key, value in list(row.items()):
-            if isinstance(value, torch.Tensor) and value.shape == (length,):
-                row[key] = value[keep]
-    return rows
-
-
-def _row(key: str, t: torch.Tensor, i: int, batch: int, length: int) -> torch.Tensor:
-    if t.dim() == 0:
-        return t
-    if batch == 1:
-        if key in PER_TOKEN_KEYS:  # never collapsed to a scalar: its length is checked
-            return t[0] if t.dim() == 2 and t.shape[0] == 1 else t
-        if t.numel() == length and t.shape[-1] == length:
-            return t.reshape(length)  # (L,) or (1, L)
-        if t.numel() == 1:
-            return t.reshape(())
-        return t[0] if t.shape[0] == 1 else t
-    if t.shape[0] != batch:
-        raise SampleError(
-            f"{key} has shape {tuple(t.shape)} but input_ids has {batch} rows; expected "
-            f"({batch}, {length}), ({batch},) or a scalar"
-        )
-    row = t[i]
-    return row.reshape(()) if row.numel() == 1 and row.dim() <= 1 else row
 
 
 def sequence_to_sample(
@@ -210,7 +126,7 @@ def sequence_to_sample(
     reward = _scalar_reward(seq, mask)
     temp = seq.get("temperature")
     if temp is not None:
-        t = _as_tensor(temp)
+        t = as_tensor(temp)
         if t is None or t.numel() != 1 or not math.isfinite(float(t)):
             raise SampleError(f"temperature must be a number, got {temp!r}")
         temperature = float(t)
@@ -228,7 +144,7 @@ def sequence_to_sample(
 
 
 def _per_token(seq: Mapping[str, Any], key: str, n: int | None) -> torch.Tensor:
-    t = _as_tensor(seq[key])
+    t = as_tensor(seq[key])
     if t is None or t.dim() != 1:
         shape = None if t is None else tuple(t.shape)
         raise SampleError(f"{key} must be one value per token, got shape {shape}")
@@ -244,7 +160,7 @@ def _scalar_reward(seq: Mapping[str, Any], mask: torch.Tensor) -> float:
     if key is None:
         raise SampleError(f"no 'rewards' (or 'reward') in the returned keys {sorted(seq)}")
     value = seq[key]
-    t = _as_tensor(value)
+    t = as_tensor(value)
     if t is None:
         raise SampleError(f"{key} must be a number or a tensor, got {value!r}")
     t = t.double()
