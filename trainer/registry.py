@@ -7,9 +7,9 @@ that register them are listed under `imports:`.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from trainer.workflow import import_file  # noqa: F401 - part of this module's API
 
 if TYPE_CHECKING:
     from trainer.agent_env import Agent, EnvironmentService
@@ -85,14 +85,3 @@ def registered_agents() -> list[str]:
 
 def registered_envs() -> list[str]:
     return sorted(_ENVS)
-
-
-def import_file(path: str | Path) -> ModuleType:
-    """Import a Python file by path, once (what the config's `imports:` does).
-
-    The same loader as "path/file.py:Class" specs, so a file named both in `imports:`
-    and in a spec is one module.
-    """
-    from trainer.workflow import _load_file_module
-
-    return _load_file_module(str(path))

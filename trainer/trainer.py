@@ -162,9 +162,11 @@ class Trainer:
         instance = make_workflow(workflow, cfg.workflow_kwargs)
         if asyncio.iscoroutinefunction(getattr(instance, "arun_episode", None)):
             return "token", instance
-        if cfg.rollout.agent.export_style not in ("individual", "concat"):
+        from gateway.export import EXPORT_STYLES
+
+        if cfg.rollout.agent.export_style not in EXPORT_STYLES:
             raise ValueError(
-                f"rollout.agent.export_style must be individual or concat, "
+                f"rollout.agent.export_style must be one of {sorted(EXPORT_STYLES)}, "
                 f"got {cfg.rollout.agent.export_style!r}"
             )
         return "proxy", instance

@@ -32,7 +32,7 @@ def _is_async(obj: Any, name: str) -> bool:
 def import_files(paths: list[str]) -> None:
     """Import Python files by path, e.g. ones that call register_agent / register_env."""
     for path in paths:
-        _load_file_module(path)
+        import_file(path)
 
 
 def load_class(spec: str | type, what: str = "class") -> type:
@@ -76,10 +76,12 @@ def make_workflow(spec: str | type | Any, kwargs: dict[str, Any] | None = None) 
 
 
 def _from_file(path: str, attr: str) -> type:
-    return _attr(_load_file_module(path), attr, f"{path}:{attr}")
+    return _attr(import_file(path), attr, f"{path}:{attr}")
 
 
-def _load_file_module(path: str) -> Any:
+def import_file(path: str | Path) -> Any:
+    """Import a Python file by path, once, under a stable module name (so that pickling
+    in subproc mode finds its classes again)."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise WorkflowError(f"file {path} does not exist")
