@@ -88,7 +88,7 @@ class Trainer:
         limit_arenas(2)
         import torch
 
-        from gateway.engines.model_source import load_tokenizer, resolve_model_dir
+        from gateway.engines.model_source import resolve_model_dir
 
         torch.manual_seed(cfg.seed)
         model_dir = resolve_model_dir(cfg.model)
@@ -106,7 +106,9 @@ class Trainer:
                 )
             else:
                 self._follower_loop()
-            checkpoint = self.policy.save_hf(run_dir / "checkpoint", load_tokenizer(model_dir))
+            # rank 0 writes the folder, with the tokenizer the gateway already loaded
+            tokenizer = self.gateway.state.renderer.tokenizer if main else None
+            checkpoint = self.policy.save_hf(run_dir / "checkpoint", tokenizer)
         finally:
             if runlog is not None:
                 runlog.close()
