@@ -22,8 +22,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.chat_template import ChatRenderer
-from gateway.engines.model_source import load_tokenizer, resolve_model_dir
+from gateway.chat.template import ChatRenderer
+from gateway.inference.model_source import load_tokenizer, resolve_model_dir
 from trainer.llm_api import GenerationHyperparameters
 from trainer.queue_agents import Agent, BundledGenerationOutputs, EnvironmentService, register_agent
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from gateway.chat_template import ChatRenderer
-from gateway.engines.model_source import load_tokenizer, resolve_model_dir
+from gateway.chat.template import ChatRenderer
+from gateway.inference.model_source import load_tokenizer, resolve_model_dir
 from trainer.ds_engine import DeepSpeedEngine
 from trainer.functional import gather_logprobs
 from trainer.llm_api import GenerationHyperparameters, LLMRequest

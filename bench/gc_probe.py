@@ -42,7 +42,7 @@ def install(log_path: str) -> None:
 
 def freeze_after_imports() -> int:
     import gateway.app  # noqa: F401  (torch, transformers, fastapi, sqlalchemy, ...)
-    from gateway.engines.model_source import load_tokenizer, resolve_model_dir
+    from gateway.inference.model_source import load_tokenizer, resolve_model_dir
 
     load_tokenizer(resolve_model_dir(None))
     gc.collect()

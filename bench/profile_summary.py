@@ -79,12 +79,12 @@ RULES: list[tuple[str, Callable[[list[Frame]], bool]]] = [
             frame("gateway/state.py", "session_caller", "get_state"),
         ),
     ),
-    ("fake engine (answers instantly)", in_file("gateway/engines/fake.py")),
-    ("detokenising the output (IncrementalDecoder)", in_file("gateway/detokenize.py")),
+    ("fake engine (answers instantly)", in_file("gateway/inference/fake.py")),
+    ("detokenising the output (IncrementalDecoder)", in_file("gateway/chat/detokenize.py")),
     (  # before tokenising: apply_chat_template lives in transformers' tokenization_*.py
         "chat template rendering (jinja2, apply_chat_template, message normalising)",
         either(
-            in_file("jinja2/", "chat_template_utils", "gateway/tool_prompt.py"),
+            in_file("jinja2/", "chat_template_utils", "gateway/chat/tools.py"),
             in_func("apply_chat_template", "render_text", "normalize_message", "text_of"),
         ),
     ),
@@ -93,8 +93,8 @@ RULES: list[tuple[str, Callable[[list[Frame]], bool]]] = [
         in_file("tokenizers/", "tokenization_"),
     ),
     (
-        "parent-link hashing (gateway/linking.py: json.dumps + sha256)",
-        in_file("gateway/linking.py"),
+        "parent-link hashing (gateway/chat/linking.py: json.dumps + sha256)",
+        in_file("gateway/chat/linking.py"),
     ),
     (
         "building the response (openai types: model_construct + model_dump(mode=json))",
@@ -109,11 +109,11 @@ RULES: list[tuple[str, Callable[[list[Frame]], bool]]] = [
     ),
     (
         "record hand-off on the loop (row dict, pack_ints, queue, future)",
-        either(frame("gateway/serving_core.py", "record", "pack_"), in_file("gateway/store/")),
+        either(frame("gateway/serving/core.py", "record", "pack_"), in_file("gateway/store/")),
     ),
     (
         "engine call wrapper (asyncio.wait_for, generate() generator)",
-        frame("gateway/serving_core.py", "_bounded", "_engine_chunks", "generate"),
+        frame("gateway/serving/core.py", "_bounded", "_engine_chunks", "generate"),
     ),
     ("request body hash (blake2b)", in_func("request_hash")),
     ("auth (session key sha256 + cache)", in_file("gateway/auth.py")),

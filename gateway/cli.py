@@ -24,7 +24,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--admin-key", default=d.admin_key, help="admin key (default: $TURNSTILE_ADMIN_KEY)"
     )
-    p.add_argument("--engine", default=d.engine, choices=["embedded", "sglang", "fake"])
+    from gateway.inference.registry import INFERENCE_ENGINES
+
+    p.add_argument(
+        "--engine",
+        default=d.engine,
+        choices=sorted(INFERENCE_ENGINES),
+        help="; ".join(f"{s.name}: {s.help}" for s in INFERENCE_ENGINES.values()),
+    )
     p.add_argument(
         "--model",
         default=None,
@@ -69,11 +76,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from gateway.server import serve_forever
 
-    if args.engine == "sglang" and not args.engine_url:
-        raise SystemExit(
-            "--engine sglang needs the SGLang server (or sglang-router) to use: "
-            "--engine-url http://HOST:30000 (repeat it for several servers)"
-        )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -96,7 +98,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_pending_requests=args.max_pending_requests,
         max_n=args.max_n,
     )
-    serve_forever(cfg)
+    from gateway.inference.registry import make_inference_engine
+
+    try:  # a configuration the engine cannot start from is the user's error
+        engine = make_inference_engine(cfg)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    serve_forever(cfg, engine)
     return 0
 
 
@@ -155,13 +163,15 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 def add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database", required=True)
     p.add_argument("--out", required=True, help="JSONL file to write, one sample a line")
-    p.add_argument("--style", default="individual")
+    from gateway.samples import EXPORT_STYLES
+
+    p.add_argument("--style", default="individual", choices=sorted(EXPORT_STYLES))
     p.add_argument("--turn-discount", type=float, default=1.0)
     p.add_argument("--limit", type=int, default=100000)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from gateway.export import NoRewardError, export_session
+    from gateway.samples import NoRewardError, export_session
 
     repo = _repo(args.database)
     written = skipped = 0

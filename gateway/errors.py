@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -48,6 +49,16 @@ class APIError(Exception):
         # Tell OpenAI SDKs not to retry what a retry cannot fix.
         self.retryable = retryable if retryable is not None else status in (429, 503)
         self.headers = headers or {}
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """Any failure inside a request, as the error its client is told about."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        return APIError(503, "the request was cancelled", code="cancelled")
+    log.error("request failed", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
 
 def error_body(

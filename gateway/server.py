@@ -18,7 +18,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.engines.base import InferenceEngine
+from gateway.inference.base import InferenceEngine
 from gateway.state import GatewayState
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ class BackgroundGateway:
         self.stop()
 
 
-def serve_forever(config: GatewayConfig) -> None:
+def serve_forever(config: GatewayConfig, engine: InferenceEngine | None = None) -> None:
     check_bind_allowed(config)
-    app = create_app(config)
+    app = create_app(config, engine)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=False)

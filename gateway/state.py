@@ -1,22 +1,27 @@
-"""Everything a request handler needs, built once per app and shared."""
+"""Everything a request handler needs, built once per app, and the FastAPI dependencies
+that hand it out (who is calling; which serving handler; is this a client retry)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from gateway.auth import Caller, KeyRing
-from gateway.chat_template import ChatRenderer
+from gateway.chat.template import ChatRenderer
 from gateway.config import GatewayConfig
-from gateway.engines.base import InferenceEngine
+from gateway.errors import APIError
+from gateway.inference.base import InferenceEngine
 from gateway.metrics import Metrics
-from gateway.serving_chat import ChatService
-from gateway.serving_completions import CompletionService
-from gateway.serving_core import ServingCore
-from gateway.serving_responses import ResponsesService
+from gateway.serving.core import ServingCore
+from gateway.serving.endpoint import RetryIdentity
+from gateway.serving.turn import request_hash
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
+
+H = TypeVar("H")
 
 
 @dataclass
@@ -29,16 +34,38 @@ class GatewayState:
     keys: KeyRing
     metrics: Metrics
     core: ServingCore
-    chat: ChatService
-    completions: CompletionService
-    responses: ResponsesService
+    handlers: dict[type, Any] = field(default_factory=dict)
+
+    def serving(self, cls: type[H]) -> H:
+        """The one handler of an endpoint (e.g. ChatCompletionServing), made on first use."""
+        handler = self.handlers.get(cls)
+        if handler is None:
+            handler = self.handlers[cls] = cls(self.core)  # type: ignore[call-arg]
+        return handler
 
 
 async def get_state(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
-# FastAPI dependencies: who is calling, and may they.
+def serving_of(cls: type[H]) -> Callable[[Request], Any]:
+    """A dependency giving the endpoint's handler."""
+
+    async def dependency(request: Request) -> H:
+        return request.app.state.gateway.serving(cls)
+
+    return dependency
+
+
+async def retry_identity(request: Request) -> RetryIdentity:
+    try:  # OpenAI SDKs send how often they have retried this request
+        count = int(request.headers.get("x-stainless-retry-count", "0"))
+    except ValueError:
+        count = 0
+    return RetryIdentity(request_hash(await request.body()), count)
+
+
+# Who is calling, and may they.
 async def session_caller(request: Request) -> Caller:
     """A live session's key (for the OpenAI routes).
 
@@ -55,11 +82,16 @@ def any_caller(request: Request) -> Caller:
 
 
 def admin_caller(request: Request) -> Caller:
-    from gateway.errors import APIError
-
     caller = request.app.state.gateway.keys.resolve(request, allow_admin=True, allow_ended=True)
     if not caller.is_admin:
         raise APIError(
             403, "This endpoint needs the admin key.", code="admin_key_required", retryable=False
         )
     return caller
+
+
+State = Annotated[GatewayState, Depends(get_state)]
+Session = Annotated[Caller, Depends(session_caller)]
+Retry = Annotated[RetryIdentity, Depends(retry_identity)]
+AnyCaller = Annotated[Caller, Depends(any_caller)]
+Admin = Annotated[Caller, Depends(admin_caller)]

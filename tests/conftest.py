@@ -18,8 +18,8 @@ from gateway_helpers import ADMIN_KEY, FAKE_REPLY, create_session, http_client  
 
 import gateway.app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
-from gateway.engines.fake import FakeEngine  # noqa: E402
-from gateway.engines.model_source import load_tokenizer, resolve_model_dir  # noqa: E402
+from gateway.inference.fake import FakeEngine  # noqa: E402
+from gateway.inference.model_source import load_tokenizer, resolve_model_dir  # noqa: E402
 from gateway.server import BackgroundGateway  # noqa: E402
 
 

@@ -180,8 +180,8 @@ def test_async_training_stays_within_max_staleness(tmp_path, tiny_model) -> None
 async def test_a_weight_update_mid_generation_stamps_each_token_with_its_version(
     tiny_model,
 ) -> None:
-    from gateway.engines.base import GenerationResult, SamplingParams
-    from gateway.engines.embedded import EmbeddedEngine
+    from gateway.inference.base import GenerationResult, SamplingParams
+    from gateway.inference.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(str(tiny_model))
     await engine.start()
@@ -196,7 +196,7 @@ async def test_a_weight_update_mid_generation_stamps_each_token_with_its_version
                 break
             seen += len(item.token_ids)
             if seen >= 5 and engine.version == 0:
-                await asyncio.to_thread(engine.update_weights, new_weights, 1)
+                await asyncio.to_thread(engine.load_state_dict, new_weights, 1)
         assert result is not None and len(result.versions) == len(result.output_ids) == 60
         assert result.versions == sorted(result.versions)
         assert result.versions[0] == 0 and result.versions[-1] == 1

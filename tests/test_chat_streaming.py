@@ -24,7 +24,7 @@ from gateway_helpers import (
     read_session,
 )
 
-from gateway.detokenize import IncrementalDecoder
+from gateway.chat.detokenize import IncrementalDecoder
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 LONG_REPLY = "One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve."

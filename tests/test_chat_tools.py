@@ -10,7 +10,7 @@ import openai
 import pytest
 from gateway_helpers import bearer, completion_record, openai_client, read_session
 
-from gateway.tool_parsing import ContentEvent, ToolCallEvent, ToolCallParser
+from gateway.chat.tool_parsers import ContentEvent, ToolCallEvent, ToolCallParser
 
 WEATHER = {
     "type": "function",

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from gateway.engines.model_source import load_causal_lm, resolve_model_dir
+from gateway.inference.model_source import load_causal_lm, resolve_model_dir
 from trainer import Trainer
 
 pytestmark = pytest.mark.slow

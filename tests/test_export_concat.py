@@ -7,10 +7,10 @@ import random
 import pytest
 from gateway_helpers import FAKE_REPLY, admin_headers, assert_error_shape, bearer, read_session
 
-from gateway.chat_template import ChatRenderer
-from gateway.engines.fake import FAKE_LOGPROB
-from gateway.export import EXPORT_STYLES, NoRewardError, Sample, export_session
-from gateway.export_concat import concat_samples
+from gateway.chat.template import ChatRenderer
+from gateway.inference.fake import FAKE_LOGPROB
+from gateway.samples import EXPORT_STYLES, NoRewardError, Sample, export_session
+from gateway.samples.concat import concat_samples
 
 G = 0.5
 

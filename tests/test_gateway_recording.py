@@ -24,7 +24,7 @@ from gateway_helpers import (
 )
 from openai.types.chat import ChatCompletion
 
-from gateway.engines.model_source import load_causal_lm, resolve_model_dir
+from gateway.inference.model_source import load_causal_lm, resolve_model_dir
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -374,7 +374,7 @@ def test_weight_update_bumps_version_and_is_recorded(embedded_gateway, embedded_
     modified = dict(original)
     modified["model.norm.weight"] = original["model.norm.weight"] * 1.5
     try:
-        v1 = engine.update_weights(modified)
+        v1 = engine.load_state_dict(modified)
         assert v1 == engine.version == v0 + 1
         after = greedy()
         assert set(after["output_versions"]) == {v1}
@@ -383,7 +383,7 @@ def test_weight_update_bumps_version_and_is_recorded(embedded_gateway, embedded_
         health = httpx.get(f"{embedded_gateway.url.removesuffix('/v1')}/healthz").json()
         assert health["policy_version"] == v1
     finally:
-        v2 = engine.update_weights(original)
+        v2 = engine.load_state_dict(original)
     assert v2 == v1 + 1
     restored = greedy()
     assert set(restored["output_versions"]) == {v2}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.engines.fake import FAKE_LOGPROB, FakeEngine
+from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
 from trainer import queue_agents, registry
 from trainer.config import load_config
 from trainer.llm_api import GenerationHyperparameters

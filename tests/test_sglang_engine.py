@@ -28,15 +28,15 @@ from gateway_helpers import (
 
 import gateway.app
 from gateway.config import GatewayConfig
-from gateway.engines.base import (
+from gateway.inference.base import (
     ContextLengthExceeded,
     EngineError,
     GenerationResult,
     SamplingParams,
     TokenChunk,
 )
-from gateway.engines.routing import StickyRouter
-from gateway.engines.sglang import SGLangEngine
+from gateway.inference.routing import StickyRouter
+from gateway.inference.sglang import SGLangEngine
 from gateway.server import BackgroundGateway, free_port
 
 PROMPT = [1, 504, 3067, 28, 17, 1045, 30]
@@ -364,11 +364,11 @@ async def test_server_errors_and_dead_servers_are_engine_errors(fakes):
 
 
 def test_sglang_engine_needs_urls():
-    from gateway.engines.factory import make_engine
+    from gateway.inference.registry import make_inference_engine
 
     with pytest.raises(ValueError, match="engine-url"):
-        make_engine(GatewayConfig(engine="sglang"))
-    engine = make_engine(GatewayConfig(engine="sglang", engine_urls=["a:1", "http://b:2/"]))
+        make_inference_engine(GatewayConfig(engine="sglang"))
+    engine = make_inference_engine(GatewayConfig(engine="sglang", engine_urls=["a:1", "http://b:2/"]))
     assert isinstance(engine, SGLangEngine)
     assert engine.urls == ["http://a:1", "http://b:2"]
 
@@ -502,7 +502,7 @@ async def test_embedded_engine_update_weights_from_disk(tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gateway.engines.embedded import EmbeddedEngine
+    from gateway.inference.embedded import EmbeddedEngine
 
     config = LlamaConfig(
         vocab_size=64,
@@ -531,7 +531,7 @@ async def test_embedded_engine_update_weights_from_disk(tmp_path):
 
 
 async def test_engines_without_disk_updates_say_so():
-    from gateway.engines.fake import FakeEngine
+    from gateway.inference.fake import FakeEngine
 
     with pytest.raises(NotImplementedError, match="'fake' engine cannot load weights"):
         await FakeEngine([5], stop_id=2).update_weights_from_disk("/ckpt")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gateway.engines.base import SamplingParams
-from gateway.engines.fake import FAKE_LOGPROB, FakeEngine
+from gateway.inference.base import SamplingParams
+from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
 from trainer.config import load_config
 from trainer.llm_api import GenerationHyperparameters, LLMRequest
 from trainer.queue_agents import import_file
@@ -148,7 +148,7 @@ async def test_agenerate_runs_on_the_engines_loop(background_loop) -> None:
 
 
 async def test_agenerate_with_the_real_engine_across_loops(background_loop, tokenizer) -> None:
-    from gateway.engines.embedded import EmbeddedEngine
+    from gateway.inference.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(None, device="cpu", max_batch_size=4)
     await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.start(), background_loop))

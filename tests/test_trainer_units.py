@@ -8,7 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from gateway.export import NoRewardError, discounted_returns, individual_samples
+from gateway.samples import NoRewardError, discounted_returns
+from gateway.samples.individual import individual_samples
 from trainer.advantages import grpo_advantages
 from trainer.config import ConfigError, load_config
 from trainer.losses import ppo_clip_loss, reinforce_loss

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gateway.engines.model_source import load_causal_lm
+from gateway.inference.model_source import load_causal_lm
 from trainer import distributed
 from trainer.batch_dicts import micro_batches, split_padded
 from trainer.config import TrainConfig

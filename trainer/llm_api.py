@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engines.base import SamplingParams
+from gateway.inference.base import SamplingParams
 
 __all__ = ["GenerationHyperparameters", "LLMRequest", "LLMResponse"]
 

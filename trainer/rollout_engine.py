@@ -2,7 +2,7 @@
 
 Token-level workflows (`RolloutWorkflow.arun_episode`) and queue agents skip the OpenAI
 gateway: they hold token ids already and want the output tokens, behaviour logprobs and
-policy versions back. This wraps any `gateway.engines.base.InferenceEngine`.
+policy versions back. This wraps any `gateway.inference.base.InferenceEngine`.
 
 An engine's `generate` is a coroutine that must run on the engine's home event loop
 (the embedded engine resolves its futures there). In the trainer the engine lives on the
@@ -18,11 +18,11 @@ import inspect
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.engines.base import ContextLengthExceeded, InferenceEngine
+from gateway.inference.base import ContextLengthExceeded, InferenceEngine
 from trainer.llm_api import LLMRequest, LLMResponse
 
 if TYPE_CHECKING:
-    from gateway.direct_record import DirectRecorder
+    from gateway.serving.direct import DirectRecorder
 
 __all__ = [
     "ContextTooLongError",

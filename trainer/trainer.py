@@ -88,7 +88,7 @@ class Trainer:
         limit_arenas(2)
         import torch
 
-        from gateway.engines.model_source import resolve_model_dir
+        from gateway.inference.model_source import resolve_model_dir
 
         torch.manual_seed(cfg.seed)
         model_dir = resolve_model_dir(cfg.model)
@@ -164,7 +164,7 @@ class Trainer:
         instance = make_workflow(workflow, cfg.workflow_kwargs)
         if asyncio.iscoroutinefunction(getattr(instance, "arun_episode", None)):
             return "token", instance
-        from gateway.export import EXPORT_STYLES
+        from gateway.samples import EXPORT_STYLES
 
         if cfg.rollout.agent.export_style not in EXPORT_STYLES:
             raise ValueError(
@@ -322,7 +322,7 @@ class Trainer:
                 mode=cfg.rollout.agent.mode,
                 subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
             )
-        from gateway.direct_record import DirectRecorder
+        from gateway.serving.direct import DirectRecorder
         from trainer.rollout_engine import RolloutEngine
 
         # like the gateway (and SGLang), stop at the chat template's end tokens unless

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
+from gateway.store.records import CompletionRecord
 from gateway.store.schema import CompletionRow
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,9 @@ class Recorder:
             self._thread.join(timeout=30)
             self._thread = None
 
-    async def record(self, row: dict[str, Any]) -> None:
-        """Return once `row` is committed; raise RecordError if it could not be."""
+    async def record(self, record: CompletionRecord) -> None:
+        """Return once `record` is committed; raise RecordError if it could not be."""
+        row = record.to_row()
         if self._thread is None:
             raise RecordError("recorder is not running")
         loop = asyncio.get_running_loop()

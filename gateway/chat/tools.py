@@ -1,0 +1,118 @@
+"""Tools for chat templates that know nothing about tools (SmolLM2's, for one).
+
+Tools are never dropped silently: when the model's template does not use `tools`, the
+gateway describes them in a system block in the Hermes / Qwen style and asks for
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` answers. Earlier assistant
+tool calls are written back into the text in that same form, so a later turn's prompt
+continues the tokens the model produced.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.chat.tool_parsers import TOOL_CLOSE, TOOL_OPEN
+
+_HEADER = (
+    "# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_FOOTER = (
+    "\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n"
+    f'{TOOL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{TOOL_CLOSE}'
+)
+
+
+def tool_name(tool: dict[str, Any]) -> str | None:
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def forced_tool(tool_choice: Any) -> str | None:
+    """The function name a `tool_choice` object forces, if any."""
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return fn["name"]
+        if isinstance(tool_choice.get("name"), str):  # Responses-API style
+            return tool_choice["name"]
+    return None
+
+
+def tools_system_prompt(tools: list[dict[str, Any]], tool_choice: Any = None) -> str:
+    text = _HEADER + json.dumps(tools, ensure_ascii=False) + _FOOTER
+    forced = forced_tool(tool_choice)
+    if forced:
+        text += f"\n\nYou must call the function `{forced}`."
+    elif tool_choice == "required":
+        text += "\n\nYou must call at least one function."
+    return text
+
+
+def render_tool_calls(tool_calls: list[dict[str, Any]]) -> str:
+    """Assistant tool calls as the model was asked to write them."""
+    blocks = []
+    for tc in tool_calls:
+        fn = tc.get("function") or {}
+        call = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+        blocks.append(f"{TOOL_OPEN}\n{json.dumps(call, ensure_ascii=False)}\n{TOOL_CLOSE}")
+    return "\n".join(blocks)
+
+
+def inline_tools(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any = None
+) -> list[dict[str, Any]]:
+    """Normalised messages -> messages a tool-less template renders faithfully."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = render_tool_calls(m["tool_calls"])
+            content = m["content"]
+            m = {**m, "content": f"{content}\n{calls}" if content else calls}
+        out.append(m)
+    if tools:
+        block = tools_system_prompt(tools, tool_choice)
+        if out and out[0]["role"] == "system":
+            first = out[0]
+            out[0] = {**first, "content": f"{first['content']}\n\n{block}"}
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> None:
+    """400/422 for a `tool_choice` that cannot be honoured with these `tools`."""
+    from gateway.errors import APIError
+
+    if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
+        raise APIError(
+            400,
+            f"tool_choice must be 'auto', 'none', 'required' or a function, got {tool_choice!r}.",
+            code="invalid_tool_choice",
+            param="tool_choice",
+            retryable=False,
+        )
+    if tool_choice in (None, "auto", "none"):
+        return
+    if not tools:
+        raise APIError(
+            422,
+            "tool_choice needs `tools` to choose from.",
+            code="tool_choice_without_tools",
+            param="tool_choice",
+            retryable=False,
+        )
+    forced = forced_tool(tool_choice)
+    if forced is not None and forced not in {tool_name(t) for t in tools}:
+        raise APIError(
+            422,
+            f"tool_choice names the function {forced!r}, which is not in `tools`.",
+            code="unknown_tool",
+            param="tool_choice",
+            retryable=False,
+        )

@@ -1,0 +1,154 @@
+"""Serving `POST /v1/chat/completions`: messages and tools in, choices (or chunks) out.
+
+Only the chat-specific steps of the template (gateway/serving/endpoint.py): render the
+messages with the model's chat template, parse tool calls out of the answer, and the
+`ChatCompletion` / chunk shapes (protocol.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.chat.linking import candidate_parent_hashes, conversation_hash
+from gateway.chat.tool_parsers import ContentEvent, Event, ToolCall, ToolCallEvent
+from gateway.chat.tools import check_tool_choice
+from gateway.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest,
+    ChatShapes,
+    ChunkWriter,
+)
+from gateway.errors import APIError
+from gateway.serving.core import ServingCore
+from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, choice_ids
+from gateway.store.repository import SessionInfo
+
+
+class ChatChoice(Choice):
+    def __init__(self, index: int, p: Prepared) -> None:
+        req: ChatCompletionRequest = p.req
+        super().__init__(index, req.tool_parser(), p.stream)
+        self.writer: ChunkWriter | None = p.context.get("writer")
+
+    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
+        assert self.writer is not None
+        return self.writer.events(self.index, events, delta)
+
+    def done(self, answer: Answer) -> list[bytes]:
+        assert self.writer is not None
+        return [self.writer.finish(self.index, answer.finish_reason)]
+
+
+class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
+    endpoint = "chat.completions"
+
+    def __init__(self, core: ServingCore) -> None:
+        super().__init__(core)
+        self.shapes = ChatShapes(core.renderer.tokenizer)
+
+    def validate(self, req: ChatCompletionRequest) -> None:
+        if req.n > self.core.max_n:
+            raise APIError(
+                422,
+                f"n={req.n} is more than this gateway serves in one request ({self.core.max_n}).",
+                code="n_too_large",
+                param="n",
+                retryable=False,
+            )
+        check_tool_choice(req.tool_choice, req.tools)
+
+    def num_choices(self, req: ChatCompletionRequest) -> int:
+        return req.n
+
+    async def prepare(
+        self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
+    ) -> Prepared:
+        tools = None if req.tool_choice == "none" else req.tools
+        prompt_ids = self.core.render(
+            req.messages, tools, req.tool_choice, param="messages", code="invalid_messages"
+        )
+        params = self.core.sampling_params(
+            len(prompt_ids),
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
+        turn = Turn(
+            session_id=session.id,
+            endpoint=self.endpoint,
+            model=req.model,
+            request=req.model_dump(exclude_none=True),
+            prompt_ids=prompt_ids,
+            params=params,
+            stops=req.stop_strings(),
+            parent=self.core.find_parent(
+                session.id, candidate_parent_hashes(req.messages, req.tools)
+            ),
+            ids=choice_ids("chatcmpl", req.n),
+            request_hash=body_hash,
+        )
+        p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
+        if req.stream:
+            p.context["writer"] = ChunkWriter(req, turn.ids[0], self.shapes)
+        return p
+
+    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
+        return ChatChoice(index, p)
+
+    def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
+        req: ChatCompletionRequest = p.req
+        parser, finish = choice.parser, out.finish_reason
+        if parser is None:
+            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        else:
+            message = {"role": "assistant", "content": parser.content}
+            if parser.tool_calls:
+                message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
+                finish = "tool_calls" if finish == "stop" else finish
+        answer_hash = conversation_hash([*req.messages, message], req.tools)
+        return Answer(out, finish, {"message": message}, answer_hash, message)
+
+    def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
+        turn = p.turns[0]
+        return self.shapes.completion(p.req, turn.ids[0], len(turn.prompt_ids), answers)
+
+    def stream_end(self, p: Prepared, answers: list[Answer]) -> list[bytes]:
+        completion_tokens = sum(len(a.out.output_ids) for a in answers)
+        return p.context["writer"].closing(len(p.turns[0].prompt_ids), completion_tokens)
+
+    def replay(self, req: ChatCompletionRequest, rows: list[dict[str, Any]]) -> Any:
+        answers = [_answer_of(r) for r in rows]
+        first, prompt_tokens = rows[0]["id"], rows[0]["prompt_tokens"]
+        if not req.stream:
+            return self.shapes.completion(req, first, prompt_tokens, answers)
+        writer = ChunkWriter(req, first, self.shapes)
+        frames: list[bytes] = []
+        for a in answers:
+            events: list[Event] = []
+            if a.message and a.message.get("content"):
+                events.append(ContentEvent(a.message["content"]))
+            for i, tc in enumerate((a.message or {}).get("tool_calls") or []):
+                fn = tc["function"]
+                events.append(ToolCallEvent(i, ToolCall(tc["id"], fn["name"], fn["arguments"])))
+            delta = TextDelta("", a.out.output_ids, a.out.logprobs, None)
+            frames += writer.events(a.out.index, events, delta)
+            frames.append(writer.finish(a.out.index, a.finish_reason))
+        frames += writer.closing(prompt_tokens, sum(len(a.out.output_ids) for a in answers))
+        return replay_stream(frames)
+
+
+def _answer_of(row: dict[str, Any]) -> Answer:
+    message = row["response"]["message"]
+    out = ChoiceOutput(
+        index=row["choice_index"],
+        completion_id=row["id"],
+        text=message.get("content") or "",
+        output_ids=row["output_ids"],
+        logprobs=row["output_logprobs"],
+        versions=row["output_versions"],
+        top_logprobs=None,
+        finish_reason=row["finish_reason"],
+    )
+    return Answer(out, row["finish_reason"], row["response"], "", message)

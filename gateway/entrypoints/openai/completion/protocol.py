@@ -1,0 +1,139 @@
+"""`POST /v1/completions` shapes: the request body, `Completion` and its stream chunks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openai.types import Completion, CompletionChoice
+from openai.types.completion_choice import Logprobs
+from openai.types.completion_usage import CompletionUsage
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.sse import sse_event
+
+
+class CompletionRequest(BaseModel):
+    """`POST /v1/completions`: a prompt as text or token ids (or a list of either)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "default"
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: Any) -> Any:
+        if isinstance(prompt, (str, list)) and len(prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        if isinstance(prompt, list) and any(
+            isinstance(p, (str, list)) and len(p) == 0 for p in prompt
+        ):
+            raise ValueError("prompt must not contain an empty prompt")
+        return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of a (possibly batched) request, each text or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionShapes:
+    """`Completion` bodies and chunks; holds the tokenizer for logprob token strings."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def logprobs(
+        self, req: CompletionRequest, ids: list[int], lps: list[float], top: Any
+    ) -> Logprobs | None:
+        if req.logprobs is None:
+            return None
+        tokens = [self.tokenizer.decode([t]) for t in ids]
+        offsets, pos = [], 0
+        for piece in tokens:
+            offsets.append(pos)
+            pos += len(piece)
+        top_lp = None
+        if req.logprobs and top is not None:
+            top_lp = [{self.tokenizer.decode([tid]): lp for tid, lp in alts} for alts in top]
+        return Logprobs.model_construct(
+            tokens=tokens, token_logprobs=list(lps), top_logprobs=top_lp, text_offset=offsets
+        )
+
+    def choice(
+        self, req: CompletionRequest, index: int, text: str, finish: str, lp: Logprobs | None
+    ) -> CompletionChoice:
+        return CompletionChoice.model_construct(
+            index=index,
+            text=text,
+            finish_reason=finish if finish != "abort" else "stop",
+            logprobs=lp,
+        )
+
+    def completion(
+        self,
+        req: CompletionRequest,
+        cid: str,
+        choices: list[CompletionChoice],
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> dict[str, Any]:
+        return Completion.model_construct(
+            id=cid,
+            object="text_completion",
+            created=int(time.time()),
+            model=req.model,
+            choices=choices,
+            usage=usage(prompt_tokens, completion_tokens),
+        ).model_dump(mode="json", exclude_unset=True)
+
+    def chunk(
+        self,
+        req: CompletionRequest,
+        cid: str,
+        index: int,
+        text: str,
+        finish: str | None,
+        lp: Logprobs | None = None,
+    ) -> bytes:
+        choice = CompletionChoice.model_construct(
+            index=index, text=text, finish_reason=finish, logprobs=lp
+        )
+        return self._event(req, cid, choices=[choice])
+
+    def usage_chunk(
+        self, req: CompletionRequest, cid: str, prompt_tokens: int, completion_tokens: int
+    ) -> bytes:
+        return self._event(req, cid, choices=[], usage=usage(prompt_tokens, completion_tokens))
+
+    def _event(self, req: CompletionRequest, cid: str, **fields: Any) -> bytes:
+        data = Completion.model_construct(
+            id=cid, object="text_completion", created=int(time.time()), model=req.model, **fields
+        )
+        return sse_event(data.model_dump(mode="json", exclude_unset=True))
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
+    return CompletionUsage.model_construct(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )

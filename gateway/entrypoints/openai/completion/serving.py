@@ -1,0 +1,194 @@
+"""Serving `POST /v1/completions`: a raw prompt (text or token ids) in, text out.
+
+No chat template: the prompt's tokens go to the engine as given (token ids exactly,
+text tokenised without special tokens added). Each prompt x `n` is one recorded
+completion, rewardable by its id; choice `i` of prompt `p` has index `p * n + i`.
+Parent links are a chat-messages notion and are not made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from gateway.chat.tool_parsers import Event
+from gateway.entrypoints.openai.completion.protocol import CompletionRequest, CompletionShapes
+from gateway.errors import APIError
+from gateway.serving.core import ServingCore
+from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, choice_ids
+from gateway.sse import SSE_DONE
+from gateway.store.repository import SessionInfo
+
+
+class CompletionChoice(Choice):
+    def __init__(self, index: int, p: Prepared, shapes: CompletionShapes) -> None:
+        super().__init__(index, None, p.stream)
+        self.p, self.shapes = p, shapes
+
+    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
+        if delta is None or not delta.text:
+            return []
+        req: CompletionRequest = self.p.req
+        lp = self.shapes.logprobs(req, delta.token_ids, delta.logprobs, delta.top_logprobs)
+        return [self.shapes.chunk(req, self.p.context["id"], self.index, delta.text, None, lp)]
+
+    def done(self, answer: Answer) -> list[bytes]:
+        cid = self.p.context["id"]
+        return [self.shapes.chunk(self.p.req, cid, self.index, "", answer.finish_reason)]
+
+
+class CompletionServing(OpenAIServing[CompletionRequest]):
+    endpoint = "completions"
+
+    def __init__(self, core: ServingCore) -> None:
+        super().__init__(core)
+        self.tokenizer = core.renderer.tokenizer
+        self.shapes = CompletionShapes(self.tokenizer)
+
+    def validate(self, req: CompletionRequest) -> None:
+        total = self.num_choices(req)
+        if total > self.core.max_n:
+            raise APIError(
+                422,
+                f"{total} choices (prompts x n) is more than this gateway serves in one request ({self.core.max_n}).",
+                code="n_too_large",
+                param="n",
+                retryable=False,
+            )
+        if req.echo and req.logprobs is not None:
+            raise APIError(
+                400,
+                "echo with logprobs needs prompt logprobs, which this gateway does not compute.",
+                code="unsupported",
+                param="echo",
+                retryable=False,
+            )
+
+    def num_choices(self, req: CompletionRequest) -> int:
+        return len(req.prompts()) * req.n
+
+    async def prepare(
+        self, req: CompletionRequest, session: SessionInfo, body_hash: str | None
+    ) -> Prepared:
+        ids = choice_ids("cmpl", self.num_choices(req))
+        turns = [
+            self._turn(req, session, prompt, ids[k * req.n : (k + 1) * req.n], body_hash)
+            for k, prompt in enumerate(req.prompts())
+        ]
+        return Prepared(req, turns, per_turn=req.n, stream=req.stream, context={"id": ids[0]})
+
+    def _turn(
+        self,
+        req: CompletionRequest,
+        session: SessionInfo,
+        prompt: str | list[int],
+        ids: list[str],
+        body_hash: str | None,
+    ) -> Turn:
+        prompt_ids = self._prompt_ids(prompt)
+        params = self.core.sampling_params(
+            len(prompt_ids),
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            top_logprobs=req.logprobs or 0,
+            param="prompt",
+        )
+        return Turn(
+            session_id=session.id,
+            endpoint=self.endpoint,
+            model=req.model,
+            request=req.model_dump(exclude_none=True),
+            prompt_ids=prompt_ids,
+            params=params,
+            stops=req.stop_strings(),
+            parent=None,
+            ids=ids,
+            request_hash=body_hash,
+        )
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        vocab = len(self.tokenizer)
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise APIError(
+                400,
+                f"prompt token ids out of range [0, {vocab}): {bad[:5]}",
+                code="invalid_prompt",
+                param="prompt",
+                retryable=False,
+            )
+        return list(prompt)
+
+    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
+        return CompletionChoice(index, p, self.shapes)
+
+    def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
+        # no parent links here: each completion is only found by its own id
+        answer_hash = hashlib.blake2b(out.completion_id.encode(), digest_size=16).hexdigest()
+        return Answer(out, out.finish_reason, {"text": out.text}, answer_hash)
+
+    def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
+        req: CompletionRequest = p.req
+        outs = sorted((a.out for a in answers), key=lambda o: o.index)
+        choices = []
+        for o in outs:
+            text = o.text
+            if req.echo:
+                text = self.tokenizer.decode(p.turns[o.index // req.n].prompt_ids) + text
+            lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, o.top_logprobs)
+            choices.append(self.shapes.choice(req, o.index, text, o.finish_reason, lp))
+        prompt_tokens = sum(len(t.prompt_ids) for t in p.turns)
+        completion_tokens = sum(len(o.output_ids) for o in outs)
+        return self.shapes.completion(
+            req, p.context["id"], choices, prompt_tokens, completion_tokens
+        )
+
+    def stream_start(self, p: Prepared) -> list[bytes]:
+        req: CompletionRequest = p.req
+        if not req.echo:
+            return []
+        frames = []
+        for k, turn in enumerate(p.turns):
+            text = self.tokenizer.decode(turn.prompt_ids)
+            for i in range(req.n):
+                frames.append(self.shapes.chunk(req, p.context["id"], k * req.n + i, text, None))
+        return frames
+
+    def stream_end(self, p: Prepared, answers: list[Answer]) -> list[bytes]:
+        req: CompletionRequest = p.req
+        frames = []
+        if (req.stream_options or {}).get("include_usage"):
+            pt = sum(len(t.prompt_ids) for t in p.turns)
+            ct = sum(len(a.out.output_ids) for a in answers)
+            frames.append(self.shapes.usage_chunk(req, p.context["id"], pt, ct))
+        return [*frames, SSE_DONE]
+
+    def replay(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
+        cid = rows[0]["id"]
+        if not req.stream:
+            choices = [
+                self.shapes.choice(
+                    req,
+                    r["choice_index"],
+                    r["response"].get("text", ""),
+                    r["finish_reason"],
+                    self.shapes.logprobs(req, r["output_ids"], r["output_logprobs"], None),
+                )
+                for r in rows
+            ]
+            completion_tokens = sum(len(r["output_ids"]) for r in rows)
+            return self.shapes.completion(
+                req, cid, choices, rows[0]["prompt_tokens"], completion_tokens
+            )
+        frames = [
+            self.shapes.chunk(
+                req, cid, r["choice_index"], r["response"].get("text", ""), r["finish_reason"]
+            )
+            for r in rows
+        ]
+        return replay_stream([*frames, SSE_DONE])

@@ -1,0 +1,241 @@
+"""`POST /v1/responses` shapes: the request body, its input as chat messages, and the
+`Response` and output items answered (the `openai` package's own types).
+
+Unknown request fields (`store`, `include`, `reasoning`, `text`, `truncation`,
+`metadata`, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types.responses import (
+    FunctionTool,
+    Response,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseUsage,
+    ToolChoiceFunction,
+)
+from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.chat.template import text_of
+from gateway.chat.tool_parsers import ToolCall
+from gateway.chat.tools import forced_tool
+from gateway.errors import APIError
+
+_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "default"
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stream: bool = False
+
+    @field_validator("input")
+    @classmethod
+    def _input_not_empty(cls, value: str | list[dict[str, Any]]) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must not be empty")
+        return value
+
+
+# ---- Responses input -> chat messages ----------------------------------------------------
+def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value)
+
+
+def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+    """Responses input items -> chat messages, as the chat path renders and links them.
+
+    Consecutive `function_call` items (and one right after an assistant message) become
+    the tool calls of one assistant message, as the model produced them in one answer.
+    """
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _bad_input(i, "an input item must be an object")
+        kind = item.get("type")
+        if kind in (None, "message"):
+            role = item.get("role")
+            if role not in _MESSAGE_ROLES:
+                raise _bad_input(i, f"role must be user/system/developer/assistant, got {role!r}")
+            messages.append({"role": role, "content": text_of(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                output = text_of(output) if isinstance(output, list) else json.dumps(output)
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
+            )
+        elif kind in ("reasoning", "item_reference"):
+            continue  # nothing the model's template can show
+        else:
+            raise _bad_input(i, f"input items of type {kind!r} are not supported")
+    if not any(m["role"] != "system" for m in messages):
+        raise APIError(400, "input has no message to answer.", code="invalid_input", param="input")
+    return messages
+
+
+def _bad_input(index: int, message: str) -> APIError:
+    return APIError(
+        400, f"input[{index}]: {message}", code="invalid_input", param=f"input[{index}]"
+    )
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Responses function tools (`{type, name, description, parameters}`) in chat shape."""
+    out = []
+    for i, tool in enumerate(tools or []):
+        if tool.get("type") != "function":
+            raise APIError(
+                400,
+                f"tools[{i}]: only function tools are served, got type {tool.get('type')!r}.",
+                code="unsupported_tool",
+                param=f"tools[{i}]",
+                retryable=False,
+            )
+        if isinstance(tool.get("function"), dict):  # already chat-shaped: tolerate it
+            out.append({"type": "function", "function": tool["function"]})
+            continue
+        fn: dict[str, Any] = {"name": tool.get("name")}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+# ---- output shapes -----------------------------------------------------------------------
+def message_item(text: str, item_id: str | None = None, done: bool = True) -> ResponseOutputMessage:
+    return ResponseOutputMessage.model_construct(
+        id=item_id or f"msg_{uuid.uuid4().hex}",
+        type="message",
+        role="assistant",
+        status="completed" if done else "in_progress",
+        content=[text_part(text)] if done else [],
+    )
+
+
+def text_part(text: str) -> ResponseOutputText:
+    return ResponseOutputText.model_construct(type="output_text", text=text, annotations=[])
+
+
+def call_item(
+    call: ToolCall, item_id: str | None = None, done: bool = True
+) -> ResponseFunctionToolCall:
+    return ResponseFunctionToolCall.model_construct(
+        id=item_id or f"fc_{uuid.uuid4().hex}",
+        type="function_call",
+        call_id=call.id,
+        name=call.name,
+        arguments=call.arguments if done else "",
+        status="completed" if done else "in_progress",
+    )
+
+
+def usage(prompt_tokens: int, output_tokens: int) -> ResponseUsage:
+    return ResponseUsage.model_construct(
+        input_tokens=prompt_tokens,
+        input_tokens_details=InputTokensDetails.model_construct(
+            cached_tokens=0, cache_write_tokens=0
+        ),
+        output_tokens=output_tokens,
+        output_tokens_details=OutputTokensDetails.model_construct(reasoning_tokens=0),
+        total_tokens=prompt_tokens + output_tokens,
+    )
+
+
+def dump(model: Any) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_unset=True, warnings=False)
+
+
+@dataclass(slots=True)
+class ResponseContext:
+    """What the reply's `Response` object is built from, besides its output."""
+
+    req: ResponsesRequest
+    response_id: str
+    temperature: float
+    top_p: float
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def response(
+        self, status: str, output: list[Any], tokens: tuple[int, int] | None = None
+    ) -> Response:
+        req = self.req
+        fields: dict[str, Any] = dict(
+            id=self.response_id,
+            object="response",
+            created_at=self.created_at,
+            model=req.model,
+            status=status,
+            output=output,
+            instructions=req.instructions,
+            parallel_tool_calls=True
+            if req.parallel_tool_calls is None
+            else req.parallel_tool_calls,
+            tool_choice=_tool_choice(req.tool_choice),
+            tools=[_function_tool(t) for t in req.tools or []],
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_output_tokens=req.max_output_tokens,
+            previous_response_id=req.previous_response_id,
+            error=None,
+            incomplete_details=None,
+            metadata=(req.model_extra or {}).get("metadata") or {},
+        )
+        if status == "incomplete":
+            fields["incomplete_details"] = IncompleteDetails.model_construct(
+                reason="max_output_tokens"
+            )
+        if tokens is not None:
+            fields["usage"] = usage(*tokens)
+        return Response.model_construct(**fields)
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, dict) and forced_tool(choice):
+        return ToolChoiceFunction.model_construct(type="function", name=forced_tool(choice))
+    return choice
+
+
+def _function_tool(tool: dict[str, Any]) -> FunctionTool:
+    fields = {k: v for k, v in tool.items() if k in ("name", "description", "parameters")}
+    return FunctionTool.model_construct(type="function", strict=tool.get("strict"), **fields)

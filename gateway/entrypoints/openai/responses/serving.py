@@ -1,0 +1,191 @@
+"""Serving `POST /v1/responses` (the OpenAI Responses API, the Agents SDK's default).
+
+A Responses request is turned into chat messages (`instructions` -> a system message,
+`function_call` items -> assistant tool calls, `function_call_output` items -> tool
+messages) and then served like a chat completion: the same chat template, tool prompt
+and tool-call parser, the same template method. So a response is recorded like a chat
+completion (prompt ids, output ids, logprobs, versions, parent link) under its
+response id (`resp_<hex>`), and can be rewarded by it.
+
+`previous_response_id` names an earlier response of the caller's own session: its
+input and output items are put before this request's input. The record is committed
+before `response.completed`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
+
+from gateway.chat.linking import candidate_parent_hashes, conversation_hash
+from gateway.chat.tool_parsers import Event, ToolCall, ToolCallParser, content_events
+from gateway.chat.tools import check_tool_choice
+from gateway.entrypoints.openai.responses.events import EventWriter
+from gateway.entrypoints.openai.responses.protocol import (
+    ResponseContext,
+    ResponsesRequest,
+    chat_tools,
+    dump,
+    input_items,
+    to_messages,
+)
+from gateway.errors import APIError
+from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+class ResponseChoice(Choice):
+    """The one choice of a response; its writer keeps the output items (and their ids)."""
+
+    def __init__(self, p: Prepared) -> None:
+        tools = p.context["tools"]
+        parser = ToolCallParser() if tools and p.req.tool_choice != "none" else None
+        super().__init__(0, parser, p.stream)
+        self.ctx: ResponseContext = p.context["shape"]
+        self.writer: EventWriter = p.context["writer"]
+        self.response: Response | None = None
+        self._started = False
+
+    def on_delta(self, delta: TextDelta) -> list[bytes]:
+        events = self.parser.feed(delta.text) if self.parser else content_events(delta.text)
+        return self.frames(events, delta)
+
+    def on_end(self) -> list[bytes]:
+        frames = self.frames(self.parser.finish() if self.parser else [], None)
+        if not self.writer.items and not self.writer.open:  # an empty answer: one message
+            frames += self._started_frames() + self.writer.text("")
+        return frames + self.writer.close()
+
+    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
+        if not events:
+            return []
+        return self._started_frames() + self.writer.events(events)
+
+    def _started_frames(self) -> list[bytes]:
+        """`response.created` first, once the engine has answered."""
+        if self._started:
+            return []
+        self._started = True
+        return self.writer.start(self.ctx.response("in_progress", []))
+
+    def done(self, answer: Answer) -> list[bytes]:
+        assert self.response is not None
+        return [self.writer.finish(self.response)]
+
+
+class ResponsesServing(OpenAIServing[ResponsesRequest]):
+    endpoint = "responses"
+
+    def validate(self, req: ResponsesRequest) -> None:
+        check_tool_choice(req.tool_choice, chat_tools(req.tools))
+
+    def num_choices(self, req: ResponsesRequest) -> int:
+        return 1
+
+    async def prepare(self, req: ResponsesRequest, session: Any, body_hash: str | None) -> Prepared:
+        tools = chat_tools(req.tools)
+        items = input_items(req.input)
+        if req.previous_response_id is not None:
+            items = await self._previous_items(session.id, req.previous_response_id) + items
+        messages = to_messages(items, req.instructions)
+        prompt_ids = self.core.render(
+            messages,
+            None if req.tool_choice == "none" else tools,
+            req.tool_choice,
+            param="input",
+            code="invalid_input",
+        )
+        params = self.core.sampling_params(
+            len(prompt_ids),
+            max_tokens=req.max_output_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            param="input",
+        )
+        request = req.model_dump(exclude_none=True)
+        if req.previous_response_id is not None:
+            request["resolved_input"] = items  # what a later previous_response_id continues
+        turn = Turn(
+            session_id=session.id,
+            endpoint=self.endpoint,
+            model=req.model,
+            request=request,
+            prompt_ids=prompt_ids,
+            params=params,
+            stops=[],
+            parent=self.core.find_parent(session.id, candidate_parent_hashes(messages, tools)),
+            ids=[new_response_id()],
+            request_hash=body_hash,
+        )
+        shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
+        context = {
+            "messages": messages,
+            "tools": tools,
+            "shape": shape,
+            "writer": EventWriter(emit=req.stream),
+        }
+        return Prepared(req, [turn], stream=req.stream, context=context)
+
+    async def _previous_items(self, session_id: str, response_id: str) -> list[dict[str, Any]]:
+        """The input and output items of an earlier response of this same session."""
+        row = await run_in_threadpool(self.core.repo.completion, session_id, response_id)
+        if row is None or row["endpoint"] != self.endpoint:
+            raise APIError(
+                404,
+                f"No response {response_id!r} in this session.",
+                code="previous_response_not_found",
+                param="previous_response_id",
+                retryable=False,
+            )
+        request, response = row["request"] or {}, row["response"] or {}
+        previous = request.get("resolved_input") or input_items(request.get("input") or [])
+        return [*previous, *(response.get("output") or [])]
+
+    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
+        return ResponseChoice(p)
+
+    def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
+        assert isinstance(choice, ResponseChoice)
+        parser = choice.parser
+        content, calls = (out.text, []) if parser is None else (parser.content, parser.tool_calls)
+        finish = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
+        status = "incomplete" if out.finish_reason == "length" else "completed"
+        tokens = (len(turn.prompt_ids), len(out.output_ids))
+        choice.response = choice.ctx.response(status, list(choice.writer.items), tokens)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        answer_hash = conversation_hash([*p.context["messages"], message], p.context["tools"])
+        return Answer(out, finish, dump(choice.response), answer_hash, message)
+
+    def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
+        return answers[0].response
+
+    def error_frame(self, p: Prepared) -> Any:
+        return p.context["writer"].error
+
+    def replay(self, req: ResponsesRequest, rows: list[dict[str, Any]]) -> Any:
+        body = rows[0]["response"]
+        if not req.stream:
+            return body
+        response = Response.model_validate(body)
+        writer = EventWriter()
+        frames = writer.start(
+            Response.model_construct(**{**dict(response), "status": "in_progress", "output": []})
+        )
+        for item in response.output:
+            if isinstance(item, ResponseOutputMessage):
+                text = "".join(getattr(part, "text", "") for part in item.content)
+                frames += writer.text(text) + writer.close()
+            elif isinstance(item, ResponseFunctionToolCall):
+                frames += writer.call(ToolCall(item.call_id, item.name, item.arguments), item.id)
+        frames.append(writer.finish(response))
+        return replay_stream(frames)

@@ -1,0 +1,136 @@
+"""Sessions: create (admin), read back, end, and export as training samples."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.auth import Caller, new_session_key
+from gateway.errors import APIError
+from gateway.samples import NoRewardError, export_session
+from gateway.state import Admin, AnyCaller, GatewayState, State
+from gateway.store.repository import SessionInfo
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+class CreateSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_seconds: float = Field(default=24 * 3600, gt=0, le=30 * 24 * 3600)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def _session_view(info: SessionInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "created_at": info.created_at,
+        "expires_at": info.expires_at,
+        "ended_at": info.ended_at,
+        "status": "ended" if info.ended else ("expired" if info.expired() else "active"),
+        "metadata": info.meta,
+    }
+
+
+def _owned_session(state: GatewayState, caller: Caller, session_id: str) -> SessionInfo:
+    """404 both for unknown ids and for other sessions' ids: no existence leak."""
+    info = state.repo.session(session_id) if caller.may_touch(session_id) else None
+    if info is None:
+        raise APIError(
+            404,
+            f"No session {session_id!r}.",
+            code="session_not_found",
+            param="session_id",
+            retryable=False,
+        )
+    return info
+
+
+@router.post("", status_code=201)
+async def create_session(
+    state: State,
+    _: Admin,
+    body: CreateSessionRequest | None = None,
+) -> dict[str, Any]:
+    body = body or CreateSessionRequest()
+    key = new_session_key()
+    from gateway.auth import hash_key
+
+    session_id = "sess-" + uuid.uuid4().hex
+    ttl = (
+        min(body.ttl_seconds, state.config.session_ttl_s)
+        if body.ttl_seconds
+        else state.config.session_ttl_s
+    )
+    info = await run_in_threadpool(
+        state.repo.create_session, session_id, hash_key(key), ttl, body.metadata
+    )
+    state.keys.remember(key, info)
+    state.metrics.inc("turnstile_sessions_created_total")
+    return {**_session_view(info), "api_key": key}
+
+
+@router.get("")
+async def list_sessions(
+    state: State,
+    _: Admin,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict[str, Any]:
+    rows = await run_in_threadpool(state.repo.list_sessions, limit, offset)
+    return {"object": "list", "data": rows}
+
+
+@router.get("/{session_id}")
+async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[str, Any]:
+    info = await run_in_threadpool(_owned_session, state, caller, session_id)
+    completions = await run_in_threadpool(state.repo.completions, session_id)
+    mismatched = sum(1 for c in completions if c["tokens_continue_parent"] is False)
+    return {
+        **_session_view(info),
+        "completions": completions,
+        "stats": {
+            "num_completions": len(completions),
+            "num_rewarded": sum(1 for c in completions if c["reward"] is not None),
+            "token_prefix_mismatches": mismatched,
+        },
+    }
+
+
+@router.post("/{session_id}/end")
+async def end_session(session_id: str, state: State, caller: AnyCaller) -> dict[str, Any]:
+    await run_in_threadpool(_owned_session, state, caller, session_id)
+    info = await run_in_threadpool(state.repo.end_session, session_id)
+    assert info is not None
+    state.keys.forget(session_id)
+    return _session_view(info)
+
+
+@router.get("/{session_id}/export")
+async def export(
+    session_id: str,
+    state: State,
+    caller: AnyCaller,
+    style: str = "individual",
+    turn_discount: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
+) -> dict[str, Any]:
+    await run_in_threadpool(_owned_session, state, caller, session_id)
+    completions = await run_in_threadpool(state.repo.completions, session_id)
+    try:
+        samples = export_session(session_id, completions, style, turn_discount)
+    except NoRewardError as exc:
+        raise APIError(409, str(exc), code="no_reward", retryable=False) from exc
+    except ValueError as exc:
+        raise APIError(
+            400, str(exc), code="invalid_export_style", param="style", retryable=False
+        ) from exc
+    return {
+        "session_id": session_id,
+        "style": style,
+        "turn_discount": turn_discount,
+        "samples": [s.to_dict() for s in samples],
+    }

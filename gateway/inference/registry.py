@@ -1,0 +1,89 @@
+"""Inference engines by name: one table feeds the factory, the CLI and the trainer.
+
+Adding an engine is one module plus one `@register_inference_engine` builder here.
+`weights` says how the trainer hands it new weights: "memory" (a state dict, for an
+engine in the trainer's own process) or "disk" (a Hugging Face folder it loads).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.config import GatewayConfig
+from gateway.inference.base import InferenceEngine
+
+Builder = Callable[[GatewayConfig], InferenceEngine]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    build: Builder
+    weights: Literal["memory", "disk"]
+    trainable: bool  # can the trainer push new weights to it
+    help: str
+
+
+INFERENCE_ENGINES: dict[str, EngineSpec] = {}
+
+
+def register_inference_engine(
+    name: str, *, weights: Literal["memory", "disk"], trainable: bool = True, help: str = ""
+) -> Callable[[Builder], Builder]:
+    def register(build: Builder) -> Builder:
+        INFERENCE_ENGINES[name] = EngineSpec(name, build, weights, trainable, help)
+        return build
+
+    return register
+
+
+def engine_spec(name: str) -> EngineSpec:
+    spec = INFERENCE_ENGINES.get(name)
+    if spec is None:
+        raise ValueError(f"unknown engine {name!r}: choose one of {sorted(INFERENCE_ENGINES)}")
+    return spec
+
+
+def make_inference_engine(config: GatewayConfig) -> InferenceEngine:
+    return engine_spec(config.engine).build(config)
+
+
+@register_inference_engine("embedded", weights="memory", help="in-process Hugging Face model")
+def _embedded(config: GatewayConfig) -> InferenceEngine:
+    from gateway.inference.embedded import EmbeddedEngine
+
+    return EmbeddedEngine(config.model, device=config.device, max_batch_size=config.max_batch_size)
+
+
+@register_inference_engine("sglang", weights="disk", help="SGLang servers or sglang-router")
+def _sglang(config: GatewayConfig) -> InferenceEngine:
+    from gateway.inference.sglang import SGLangEngine
+
+    if not config.engine_urls:
+        raise ValueError(
+            "the sglang engine needs the URL of an SGLang server or sglang-router "
+            "(--engine-url http://host:30000, or gateway.engine_urls in the config)"
+        )
+    return SGLangEngine(
+        config.engine_urls,
+        update_urls=config.engine_update_urls or None,
+        fallback_max_context=config.engine_max_context,
+        timeout_s=config.request_timeout_s,
+        api_key=os.environ.get("SGLANG_API_KEY") or None,
+    )
+
+
+@register_inference_engine(
+    "fake", weights="disk", trainable=False, help="instant fixed answers (tests, benchmarks)"
+)
+def _fake(config: GatewayConfig) -> InferenceEngine:
+    from gateway.inference.fake import FakeEngine
+    from gateway.inference.model_source import load_tokenizer, resolve_model_dir
+
+    tok = load_tokenizer(resolve_model_dir(config.model))
+    return FakeEngine(
+        tok.encode("The answer is 4.", add_special_tokens=False), int(tok.eos_token_id)
+    )

@@ -1,0 +1,127 @@
+"""`export_style: concat`: a multi-turn conversation as one training sequence.
+
+Training each turn on its own (`individual`) pays for every earlier turn's tokens again
+as prompt. When a turn's prompt continues, token for token, what its parent saw and
+produced, the two can be one sequence: the earlier outputs stay trainable and the
+tokens in between (user, tool and template text) are masked.
+
+A child *joins* its parent only when that is exactly true and both were sampled at the
+same temperature (a sample carries one). Anywhere else it is a *fallback*: the child
+starts a sample of its own and the parent's chain ends there. The joined edges form a
+forest; every leaf of it gives one sample: the chain of joined turns from its start to
+the leaf. A parent whose chain goes on through another, joined child is not emitted a
+second time, its outputs are already trained in that child's sample.
+
+A turn with no output tokens is joined through like any other (its prompt is still a
+real prefix); a sample with no output token at all is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.samples.registry import register_export_style
+from gateway.samples.sample import Sample, require_reward, sampling_temperature
+
+Completion = dict[str, Any]
+
+
+def joins(parent: Completion, child: Completion) -> bool:
+    """Can `child` extend the sequence that ends with `parent`?
+
+    The accumulated tokens of a chain that ends with `parent` are always
+    parent.prompt_ids + parent.output_ids (every joined turn's prompt starts with the
+    chain so far), so checking the parent alone checks the whole chain.
+    """
+    acc = list(parent["prompt_ids"]) + list(parent["output_ids"])
+    prompt = child["prompt_ids"]
+    return (
+        len(prompt) >= len(acc)
+        and list(prompt[: len(acc)]) == acc
+        and sampling_temperature(parent) == sampling_temperature(child)
+    )
+
+
+def concat_chains(completions: list[Completion]) -> list[list[Completion]]:
+    """The chains of joined turns, one per leaf, ordered by the leaf's (created_at, id)."""
+    by_id = {c["id"]: c for c in completions}
+    joined_parent: dict[str, str] = {}
+    continued: set[str] = set()
+    for c in completions:
+        parent = by_id.get(c.get("parent_id"))
+        if parent is not None and parent is not c and joins(parent, c):
+            joined_parent[c["id"]] = parent["id"]
+            continued.add(parent["id"])
+    leaves = sorted(
+        (c for c in completions if c["id"] not in continued),
+        key=lambda c: (c.get("created_at") or 0.0, c["id"]),
+    )
+    chains = []
+    for leaf in leaves:
+        chain, seen = [leaf], {leaf["id"]}
+        while (pid := joined_parent.get(chain[-1]["id"])) is not None and pid not in seen:
+            seen.add(pid)
+            chain.append(by_id[pid])
+        chains.append(chain[::-1])
+    return chains
+
+
+def path_returns(chain: list[Completion], turn_discount: float) -> list[float]:
+    """Per turn: r_k + gamma * r_{k+1} + ... along this chain only (None counts 0)."""
+    out = [0.0] * len(chain)
+    future = 0.0
+    for k in range(len(chain) - 1, -1, -1):
+        reward = chain[k].get("reward")
+        future = (0.0 if reward is None else float(reward)) + turn_discount * future
+        out[k] = future
+    return out
+
+
+def chain_sample(session_id: str, chain: list[Completion], turn_discount: float) -> Sample | None:
+    """One sequence: first prompt and every joined prompt extension masked, outputs trained."""
+    returns = path_returns(chain, turn_discount)
+    input_ids: list[int] = []
+    loss_mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    token_returns: list[float] = []
+    for turn, ret in zip(chain, returns, strict=True):
+        masked = list(turn["prompt_ids"][len(input_ids) :])
+        output = list(turn["output_ids"])
+        input_ids += masked + output
+        loss_mask += [0] * len(masked) + [1] * len(output)
+        logprobs += [0.0] * len(masked) + list(turn["output_logprobs"])
+        versions += [-1] * len(masked) + list(turn["output_versions"])
+        token_returns += [0.0] * len(masked) + [ret] * len(output)
+    if not any(loss_mask):
+        return None
+    first, leaf = chain[0], chain[-1]
+    return Sample(
+        session_id=session_id,
+        completion_ids=[c["id"] for c in chain],
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        versions=versions,
+        reward=0.0 if leaf.get("reward") is None else float(leaf["reward"]),
+        returns=returns[0],
+        temperature=sampling_temperature(first),
+        meta={
+            "finish_reason": leaf.get("finish_reason"),
+            "parent_id": first.get("parent_id"),
+            # A chain that starts below a parent was cut off from it: a fallback.
+            "concat_fallbacks": int(first.get("parent_id") is not None),
+            "turns": len(chain),
+        },
+        token_returns=token_returns,
+    )
+
+
+@register_export_style("concat")
+def concat_samples(
+    session_id: str, completions: list[Completion], turn_discount: float = 1.0
+) -> list[Sample]:
+    """One sample per leaf of the joined conversation tree (see the module docstring)."""
+    require_reward(session_id, completions)
+    samples = (chain_sample(session_id, ch, turn_discount) for ch in concat_chains(completions))
+    return [s for s in samples if s is not None]

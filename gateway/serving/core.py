@@ -1,0 +1,414 @@
+"""What every OpenAI endpoint shares: one choice, from prompt token ids to durable record.
+
+An endpoint (chat completions; plain completions and responses can reuse this) turns
+its request into a `Turn` (prompt ids, sampling params, stop strings, parent, one
+completion id per choice) and then, for each choice:
+
+1. `generate(turn, index)` calls the engine under a deadline (failures -> 503),
+   streams text as it becomes final and cuts it at stop strings;
+2. `record(turn, output, ...)` commits the record before the endpoint answers, and
+   keeps going when the client has already left.
+
+Around that: `admit` (429 when too much is generating), `find_parent` (the earlier
+turn this request continues), and `track` / `original_of` (a client retry of a
+request is answered from the original's record instead of becoming a second sample).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Coroutine
+from dataclasses import replace
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from gateway.chat.detokenize import IncrementalDecoder
+from gateway.chat.linking import tokens_continue
+from gateway.chat.template import ChatRenderer
+from gateway.chat.tool_parsers import ToolCallParser
+from gateway.config import GatewayConfig
+from gateway.errors import APIError
+from gateway.inference.base import (
+    ContextLengthExceeded,
+    EngineError,
+    GenerationResult,
+    InferenceEngine,
+    SamplingParams,
+    TokenChunk,
+    TopLogprobs,
+)
+from gateway.metrics import Metrics
+from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn, text_delta
+from gateway.store.codec import unpack_ints
+from gateway.store.recorder import Recorder, RecordError
+from gateway.store.records import CompletionRecord
+from gateway.store.repository import Repository
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """A request's share of `max_pending_requests`; released exactly once."""
+
+    def __init__(self, core: ServingCore, n: int) -> None:
+        self._core, self._n = core, n
+
+    def release(self) -> None:
+        if self._n:
+            self._core.pending -= self._n
+            self._n = 0
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
+class Tracked:
+    """An in-flight request a retry can wait for."""
+
+    def __init__(self, core: ServingCore, key: tuple[str, str] | None) -> None:
+        self._core, self._key = core, key
+        self.future: asyncio.Future[None] | None = None
+        if key is not None:
+            self.future = asyncio.get_running_loop().create_future()
+            core._inflight[key] = self.future
+
+    def done(self) -> None:
+        if self.future is None or self.future.done():
+            return
+        self.future.set_result(None)
+        if self._core._inflight.get(self._key) is self.future:  # type: ignore[arg-type]
+            del self._core._inflight[self._key]  # type: ignore[arg-type]
+
+    def __enter__(self) -> Tracked:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done()
+
+
+class ServingCore:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        renderer: ChatRenderer,
+        repo: Repository,
+        recorder: Recorder,
+        metrics: Metrics,
+        config: GatewayConfig,
+        parent_cache_size: int = 50_000,
+    ) -> None:
+        self.engine = engine
+        self.renderer = renderer
+        self.repo = repo
+        self.recorder = recorder
+        self.metrics = metrics
+        self.default_max_tokens = config.default_max_tokens
+        self.request_timeout_s = config.request_timeout_s
+        self.max_pending = config.max_pending_requests
+        self.max_n = config.max_n
+        self.pending = 0
+        # (session id, answer hash) -> parent; saves a DB read per turn.
+        self._recent: OrderedDict[tuple[str, str], Parent] = OrderedDict()
+        self._recent_max = parent_cache_size
+        self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- before generating -----------------------------------------------------------
+    def admit(self, n: int) -> Admission:
+        if self.pending + n > self.max_pending:
+            self.metrics.inc("turnstile_rejected_requests_total")
+            raise APIError(
+                429,
+                f"The gateway is already generating {self.pending} answers "
+                f"(limit {self.max_pending}); retry shortly.",
+                code="too_many_pending_requests",
+                headers={"retry-after": "1"},
+            )
+        self.pending += n
+        return Admission(self, n)
+
+    def sampling_params(
+        self,
+        prompt_len: int,
+        *,
+        max_tokens: int | None,
+        temperature: float | None,
+        top_p: float | None,
+        seed: int | None,
+        top_logprobs: int = 0,
+        param: str = "messages",
+    ) -> SamplingParams:
+        try:
+            max_new = self.engine.check_fits(prompt_len, max_tokens or self.default_max_tokens)
+        except ContextLengthExceeded as exc:
+            raise APIError(
+                400, str(exc), code="context_length_exceeded", param=param, retryable=False
+            ) from exc
+        return SamplingParams(
+            max_new_tokens=max_new,
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            stop_token_ids=self.renderer.stop_token_ids,
+            seed=seed,
+            top_logprobs=top_logprobs,
+        )
+
+    def find_parent(self, session_id: str, hashes: list[str]) -> Parent | None:
+        """The latest recorded answer whose (request + answer) hash is in `hashes`."""
+        for h in hashes:
+            hit = self._recent.get((session_id, h))
+            if hit is not None:
+                return hit
+        if not hashes:
+            return None
+        found = self.repo.find_parent(session_id, hashes)
+        if found is None:
+            return None
+        return found[0], unpack_ints(found[1]), unpack_ints(found[2])
+
+    # ---- retries ---------------------------------------------------------------------
+    def track(self, session_id: str, body_hash: str | None) -> Tracked:
+        return Tracked(self, None if body_hash is None else (session_id, body_hash))
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        *,
+        param: str,
+        code: str,
+    ) -> list[int]:
+        """The prompt ids; a template that cannot render the request is the client's 400."""
+        try:
+            return self.renderer.render(messages, tools, tool_choice)
+        except Exception as exc:  # jinja errors, bad message shapes
+            raise APIError(
+                400,
+                f"could not apply the chat template: {exc}",
+                code=code,
+                param=param,
+                retryable=False,
+            ) from exc
+
+    def count_tool_calls(self, parser: ToolCallParser | None) -> None:
+        if parser is None:
+            return
+        if parser.failures:
+            self.metrics.inc("turnstile_tool_call_parse_failures_total", parser.failures)
+        if parser.tool_calls:
+            self.metrics.inc("turnstile_tool_calls_total", len(parser.tool_calls))
+
+    async def replay_of(
+        self, session_id: str, body_hash: str | None, retry_count: int, n: int
+    ) -> list[dict[str, Any]] | None:
+        """For a client retry (retry count > 0): the original's recorded choices, if any."""
+        if retry_count <= 0 or body_hash is None:
+            return None
+        rows = await self.original_of(session_id, body_hash, n)
+        if rows is not None:
+            self.metrics.inc("turnstile_retries_replayed_total")
+        return rows
+
+    async def original_of(
+        self, session_id: str, body_hash: str, n: int
+    ) -> list[dict[str, Any]] | None:
+        """The recorded choices of an earlier request with the same body, if complete.
+
+        Waits for the original when it is still being generated.
+        """
+        inflight = self._inflight.get((session_id, body_hash))
+        if inflight is not None:
+            await asyncio.shield(inflight)
+        rows = await run_in_threadpool(self.repo.request_rows, session_id, body_hash, n)
+        if not rows or any(r["finish_reason"] == "abort" for r in rows):
+            return None
+        return rows
+
+    # ---- generating ------------------------------------------------------------------
+    async def generate(
+        self,
+        turn: Turn,
+        index: int,
+        *,
+        stream: bool = False,
+        cancel: asyncio.Event | None = None,
+    ) -> AsyncIterator[TextDelta | ChoiceOutput]:
+        """Text deltas as they become final, then the choice's output.
+
+        With `stream=False` and no stop strings, the engine is called once; otherwise
+        tokens are consumed as they come and generation stops at a stop string, or when
+        `cancel` is set (the client left: the output so far is returned as `abort`).
+        """
+        params = turn.params
+        if index and params.seed is not None:  # distinct, reproducible choices
+            params = replace(params, seed=params.seed + index)
+        decoder = IncrementalDecoder(
+            self.renderer.tokenizer, self.renderer.stop_token_ids, turn.stops
+        )
+        logprobs: list[float] = []
+        versions: list[int] = []
+        top: list[TopLogprobs] | None = [] if params.top_logprobs else None
+        sent = 0  # output tokens already covered by a delta
+        result: GenerationResult | None = None
+        aborted = False
+        began = time.perf_counter()
+        chunks = self._engine_chunks(
+            turn.prompt_ids, params, stream or bool(turn.stops), turn.session_id
+        )
+        try:
+            async for item in chunks:
+                if isinstance(item, GenerationResult):
+                    result = item
+                    break
+                logprobs += item.logprobs
+                versions += item.versions
+                if top is not None:
+                    top += item.top_logprobs or [[] for _ in item.token_ids]
+                text = decoder.feed(item.token_ids)
+                if text:
+                    kept = decoder.kept_ids
+                    yield text_delta(text, kept, logprobs, top, sent, len(kept))
+                    sent = len(kept)
+                if decoder.stopped:
+                    break
+                if cancel is not None and cancel.is_set():
+                    aborted = True
+                    break
+        finally:
+            await chunks.aclose()
+        tail = decoder.finish()
+        kept = decoder.kept_ids
+        n = len(kept)
+        if tail or sent < n:
+            yield text_delta(tail, kept, logprobs, top, sent, n)
+        if decoder.stopped:
+            finish = "stop"
+        elif aborted:
+            finish = "abort"
+        else:
+            finish = result.finish_reason if result is not None else "stop"
+        yield ChoiceOutput(
+            index=index,
+            completion_id=turn.ids[index],
+            text=decoder.final_text,
+            output_ids=kept,
+            logprobs=logprobs[:n],
+            versions=versions[:n],
+            top_logprobs=None if top is None else top[:n],
+            finish_reason=finish,
+            queue_s=result.queue_s if result is not None else 0.0,
+            gen_s=result.gen_s if result is not None else time.perf_counter() - began,
+        )
+
+    async def _engine_chunks(
+        self, prompt_ids: list[int], params: SamplingParams, stream: bool, route_key: str
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        deadline = time.monotonic() + self.request_timeout_s
+        if not stream:
+            result = await self._bounded(
+                self.engine.generate(prompt_ids, params, route_key=route_key), deadline
+            )
+            yield TokenChunk(
+                result.output_ids, result.logprobs, result.versions, result.top_logprobs
+            )
+            yield result
+            return
+        it = self.engine.stream(prompt_ids, params, route_key=route_key)
+        try:
+            while True:
+                try:
+                    item = await self._bounded(it.__anext__(), deadline)
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            await it.aclose()
+
+    async def _bounded(self, awaitable: Awaitable[Any], deadline: float) -> Any:
+        try:
+            return await asyncio.wait_for(awaitable, max(deadline - time.monotonic(), 0.001))
+        except asyncio.TimeoutError as exc:
+            self.metrics.inc("turnstile_engine_errors_total")
+            raise APIError(
+                503,
+                f"the inference engine did not answer within {self.request_timeout_s:g} s",
+                code="engine_timeout",
+            ) from exc
+        except EngineError as exc:
+            self.metrics.inc("turnstile_engine_errors_total")
+            raise APIError(
+                503, f"the inference engine is unavailable: {exc}", code="engine_unavailable"
+            ) from exc
+        except ContextLengthExceeded as exc:  # an external engine's own refusal
+            raise APIError(400, str(exc), code="context_length_exceeded", retryable=False) from exc
+
+    # ---- recording -------------------------------------------------------------------
+    async def record(
+        self,
+        turn: Turn,
+        out: ChoiceOutput,
+        response: dict[str, Any],
+        finish_reason: str,
+        answer_hash: str,
+    ) -> None:
+        """Commit one choice; return only once it is durable (RecordError -> 503).
+
+        Shielded: a client that disconnects does not cancel its record.
+        """
+        parent = turn.parent
+        record = CompletionRecord(
+            id=out.completion_id,
+            session_id=turn.session_id,
+            endpoint=turn.endpoint,
+            model=turn.model,
+            request=turn.request,
+            response=response,
+            prompt_ids=turn.prompt_ids,
+            output_ids=out.output_ids,
+            output_logprobs=out.logprobs,
+            output_versions=out.versions,
+            finish_reason=finish_reason,
+            prefix_hash=answer_hash,
+            parent_id=parent[0] if parent else None,
+            tokens_continue_parent=tokens_continue(parent[1], parent[2], turn.prompt_ids)
+            if parent
+            else None,
+            request_hash=turn.request_hash,
+            choice_index=out.index,
+            queue_s=out.queue_s,
+            gen_s=out.gen_s,
+            total_s=time.perf_counter() - turn.started,
+        )
+        try:
+            await asyncio.shield(self.recorder.record(record))
+        except RecordError as exc:
+            self.metrics.inc("turnstile_record_failures_total")
+            raise APIError(503, str(exc), code="record_failed") from exc
+        self._recent[(turn.session_id, answer_hash)] = (
+            out.completion_id,
+            turn.prompt_ids,
+            out.output_ids,
+        )
+        if len(self._recent) > self._recent_max:
+            self._recent.popitem(last=False)
+        self.metrics.inc("turnstile_completions_total")
+        if out.index == 0:  # the choices of one request share its prompt
+            self.metrics.inc("turnstile_prompt_tokens_total", len(turn.prompt_ids))
+        self.metrics.inc("turnstile_completion_tokens_total", len(out.output_ids))
+        self.metrics.observe("turnstile_completion_seconds", time.perf_counter() - turn.started)
+
+    # ---- background work -------------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run work that must finish even if its client leaves (e.g. a stream's records)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task

@@ -1,0 +1,66 @@
+"""The completion record: the one shape every generation is stored in.
+
+Built here only, whether the generation came over HTTP (chat, completions, responses)
+or straight from the trainer's token-level and queue APIs, so every row carries the
+same exact prompt ids, output ids, logprobs and per-token policy versions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.store.codec import pack_floats, pack_ints
+
+
+@dataclass(slots=True)
+class CompletionRecord:
+    id: str
+    session_id: str
+    endpoint: str  # chat.completions | completions | responses | direct
+    model: str
+    request: dict[str, Any]  # what the client asked for
+    response: dict[str, Any]  # what it was answered (the endpoint's own shape)
+    prompt_ids: list[int]  # exactly as the engine saw them
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]  # policy version of each output token
+    finish_reason: str
+    prefix_hash: str  # what a later turn continuing this one is looked up by
+    parent_id: str | None = None
+    tokens_continue_parent: bool | None = None
+    request_hash: str | None = None  # body hash: a client retry is answered from this row
+    choice_index: int = 0
+    queue_s: float = 0.0
+    gen_s: float = 0.0
+    total_s: float = 0.0
+    created_at: float = field(default_factory=time.time)
+
+    def to_row(self) -> dict[str, Any]:
+        """The `completions` table row: token arrays packed to compact binary."""
+        n = len(self.output_ids)
+        return {
+            "id": self.id,
+            "session_id": self.session_id,
+            "parent_id": self.parent_id,
+            "created_at": self.created_at,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "request": self.request,
+            "response": self.response,
+            "prompt_ids": pack_ints(self.prompt_ids),
+            "output_ids": pack_ints(self.output_ids),
+            "output_logprobs": pack_floats(self.output_logprobs[:n]),
+            "output_versions": pack_ints(self.output_versions[:n]),
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": n,
+            "prefix_hash": self.prefix_hash,
+            "tokens_continue_parent": self.tokens_continue_parent,
+            "queue_s": self.queue_s,
+            "gen_s": self.gen_s,
+            "total_s": self.total_s,
+            "request_hash": self.request_hash,
+            "choice_index": self.choice_index,
+        }
