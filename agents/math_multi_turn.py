@@ -16,10 +16,15 @@ Load it by file path, e.g. ``workflow="agents/math_multi_turn.py:MathMultiTurnAg
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from trainer.rewards import math_answer_correct
+from trainer.workflow import import_file
+
+# the example task, loaded by path like the agent itself (agents/ is not a package)
+math_answer_correct = import_file(Path(__file__).with_name("math_task.py")).math_answer_correct
+
 
 RETRY_MESSAGE = "Unfortunately your answer is wrong. Let's try again."
 

@@ -16,9 +16,14 @@ Reward: 1.0 when the answer (checked with math-verify) equals ``data["answer"]``
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from openai import OpenAI
 
-from trainer.rewards import math_answer_correct
+from trainer.workflow import import_file
+
+# the example task, loaded by path like the agent itself (agents/ is not a package)
+math_answer_correct = import_file(Path(__file__).with_name("math_task.py")).math_answer_correct
 
 
 class MathSyncOpenAIAgent:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,9 +29,12 @@ from gateway.inference.model_source import load_tokenizer, resolve_model_dir
 from trainer.ds_engine import DeepSpeedEngine
 from trainer.functional import gather_logprobs
 from trainer.llm_api import GenerationHyperparameters, LLMRequest
-from trainer.rewards import math_answer_correct
 from trainer.rollout_engine import RolloutEngine
+from trainer.workflow import import_file
 from trainer.workflow_api import RolloutWorkflow
+
+# the example task, loaded by path like the agent itself (agents/ is not a package)
+math_answer_correct = import_file(Path(__file__).with_name("math_task.py")).math_answer_correct
 
 
 def math_reward_fn(prompt: str, completions: str, prompt_ids, completion_ids, **data) -> float:

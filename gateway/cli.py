@@ -19,8 +19,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", default=d.host, help="address to bind (non-loopback needs --admin-key)"
     )
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--database", default=d.database, help="SQLite file path or SQLAlchemy URL")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--database", default="turnstile.db", help="SQLite file path or SQLAlchemy URL")
     p.add_argument(
         "--admin-key", default=d.admin_key, help="admin key (default: $TURNSTILE_ADMIN_KEY)"
     )
@@ -69,6 +69,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--max-pending-requests", type=int, default=d.max_pending_requests)
     p.add_argument("--max-n", type=int, default=d.max_n)
+    from gateway.chat.tool_parsers import TOOL_PARSERS
+
+    p.add_argument(
+        "--tool-parser",
+        default=d.tool_parser,
+        choices=["auto", *sorted(TOOL_PARSERS)],
+        help="tool-call format to parse (auto: from the model's chat template)",
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -97,6 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
         max_n=args.max_n,
+        tool_parser=args.tool_parser,
     )
     from gateway.inference.registry import make_inference_engine
 

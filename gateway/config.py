@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 @dataclass
 class GatewayConfig:
     host: str = "127.0.0.1"
-    port: int = 8000
-    database: str = "turnstile.db"  # a file path (SQLite) or a SQLAlchemy URL
+    port: int = 0  # 0: any free port (`turnstile serve` defaults to 8000)
+    # a file path (SQLite) or a SQLAlchemy URL; None: turnstile.db here (serve) or
+    # <run_dir>/sessions.db (training)
+    database: str | None = None
     admin_key: str | None = field(
         default_factory=lambda: os.environ.get("TURNSTILE_ADMIN_KEY") or None
     )
@@ -35,3 +37,5 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 1024 * 1024  # larger request bodies -> 413
     max_pending_requests: int = 1024  # choices generating at once; more -> 429
     max_n: int = 16  # largest `n` (choices per request); more -> 422
+    # tool-call format to parse (gateway/chat/tool_parsers): "auto" = from the template
+    tool_parser: str = "auto"

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.datasets import (
-    DEFAULT_SYSTEM_PROMPT,
-    arithmetic_word_problems,
-    load_dataset,
-    load_jsonl,
-)
-from trainer.rewards import math_answer_correct
+from trainer.datasets import load_dataset, load_jsonl
+from trainer.workflow import import_file
 
 REPO = Path(__file__).resolve().parents[1]
+MATH_TASK = import_file(REPO / "agents" / "math_task.py")  # the example task
+DEFAULT_SYSTEM_PROMPT = MATH_TASK.DEFAULT_SYSTEM_PROMPT
+arithmetic_word_problems = MATH_TASK.arithmetic_word_problems
+math_answer_correct = MATH_TASK.math_answer_correct
+ARITHMETIC = str(REPO / "agents" / "math_task.py") + ":arithmetic_word_problems"
 
 
 def _load_agent_module():
@@ -123,13 +123,16 @@ def test_load_jsonl_errors_name_the_line(tmp_path, bad_line, message):
 
 
 def test_load_dataset_specs():
-    rows = load_dataset({"type": "arithmetic", "size": 10, "seed": 7})
+    rows = load_dataset({"type": "python", "function": ARITHMETIC, "size": 10, "seed": 7})
     assert rows == arithmetic_word_problems(10, seed=7)
-    assert len(load_dataset({"type": "arithmetic", "size": 5, "max_operand": 9})) == 5
+    spec = {"type": "python", "function": ARITHMETIC, "size": 5, "max_operand": 9}
+    assert len(load_dataset(spec)) == 5
     with pytest.raises(ValueError, match="unknown dataset type"):
         load_dataset({"type": "gsm9k"})
     with pytest.raises(ValueError, match="bad option"):
-        load_dataset({"type": "arithmetic", "size": 2, "colour": "red"})
+        load_dataset({"type": "python", "function": ARITHMETIC, "size": 2, "colour": "red"})
+    with pytest.raises(ValueError, match="needs a 'function'"):
+        load_dataset({"type": "python"})
     with pytest.raises(ValueError, match="needs a 'path'"):
         load_dataset({"type": "jsonl"})
 

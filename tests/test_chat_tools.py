@@ -10,7 +10,8 @@ import openai
 import pytest
 from gateway_helpers import bearer, completion_record, openai_client, read_session
 
-from gateway.chat.tool_parsers import ContentEvent, ToolCallEvent, ToolCallParser
+from gateway.chat.tool_parsers import ContentEvent, ToolCallEvent
+from gateway.chat.tool_parsers.hermes import HermesToolParser as ToolCallParser
 
 WEATHER = {
     "type": "function",

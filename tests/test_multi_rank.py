@@ -47,7 +47,12 @@ def test_two_ranks_train_share_batches_and_checkpoint(
         "model": str(tiny_model),
         "total_steps": 3,
         "workflow": str(REPO / "tests" / "trainer_helpers.py") + ":RandomRewardAgent",
-        "dataset": {"type": "arithmetic", "size": 16, "seed": 0},
+        "dataset": {
+            "type": "python",
+            "function": "agents/math_task.py:arithmetic_word_problems",
+            "size": 16,
+            "seed": 0,
+        },
         "rollout": {"batch_size": 2, "group_size": 2, "max_staleness": 1},
         "gateway": {"default_max_tokens": 6},
         "train": {"lr": 1e-3, "zero_stage": zero_stage, "micro_batch_tokens": 96},

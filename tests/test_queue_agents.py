@@ -16,7 +16,6 @@ from trainer.queue_agents import (
     Agent,
     BundledGenerationOutputs,
     EnvironmentService,
-    MathSingleStepEnv,
     QueueAgentRunner,
     RegistryError,
     import_file,
@@ -29,6 +28,8 @@ from trainer.rollout_engine import RolloutEngine
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_FILE = REPO / "agents" / "math_multi_turn_queue.py"
+# the example task's environment (registers "math-single-step")
+MathSingleStepEnv = import_file(REPO / "agents" / "math_task.py").MathSingleStepEnv
 MATH_AGENT = import_file(AGENT_FILE)
 STOP = 2
 ROW = {

@@ -78,7 +78,9 @@ def test_subproc_mode_trains_a_synchronous_openai_agent(tmp_path, tiny_model) ->
 def _arithmetic(n: int) -> list[dict]:
     from trainer.datasets import load_dataset
 
-    return load_dataset({"type": "arithmetic", "size": n, "seed": 0})
+    return load_dataset(
+        {"type": "python", "function": "agents/math_task.py:arithmetic_word_problems", "size": n}
+    )
 
 
 def _cli(config: str, run_dir: Path, model: Path, *overrides: str) -> list[dict]:

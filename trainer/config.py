@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from gateway.config import GatewayConfig
+
 
 @dataclass
 class AgentConfig:
@@ -27,22 +29,6 @@ class RolloutConfig:
     # How many policy versions rollouts may run ahead of training; 0 = synchronous.
     max_staleness: int = 0
     agent: AgentConfig = field(default_factory=AgentConfig)
-
-
-@dataclass
-class GatewaySection:
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 = pick a free port
-    database: str | None = None  # default: <run_dir>/sessions.db
-    max_batch_size: int = 64
-    default_max_tokens: int = 256
-    admin_key: str | None = None
-    engine: str = "embedded"  # embedded | sglang
-    # sglang: one URL (a server or an sglang-router) or several (sticky per session)
-    engine_urls: list[str] = field(default_factory=list)
-    # where weight updates go when engine_urls is a router (default: the router's workers)
-    engine_update_urls: list[str] = field(default_factory=list)
-    engine_max_context: int | None = None  # used when the server reports none
 
 
 @dataclass
@@ -75,11 +61,12 @@ class TrainerConfig:
     total_steps: int = 10
     workflow: str | None = None  # "module.Class" or "path/file.py:Class"
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)
-    dataset: dict[str, Any] = field(
-        default_factory=lambda: {"type": "arithmetic", "size": 256, "seed": 0}
-    )
+    # {type: jsonl, path: ...} or {type: python, function: "file.py:fn", ...} (datasets.py)
+    dataset: dict[str, Any] = field(default_factory=dict)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    gateway: GatewaySection = field(default_factory=GatewaySection)
+    # the gateway the agents talk to (gateway/config.py); `model` and `device` are the
+    # trainer's own, `database` defaults to <run_dir>/sessions.db
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     save_every: int = 0  # 0 = only at the end
     log_every: int = 1

@@ -40,7 +40,6 @@ from typing import Any
 
 from trainer.agent_env import Agent, EnvironmentService
 from trainer.llm_api import GenerationHyperparameters, LLMRequest, LLMResponse
-from trainer.math_env import MathSingleStepEnv  # registers "math-single-step"
 from trainer.registry import (
     RegistryError,
     import_file,
@@ -59,7 +58,6 @@ __all__ = [
     "Agent",
     "BundledGenerationOutputs",
     "EnvironmentService",
-    "MathSingleStepEnv",
     "QueueAgentRunner",
     "RegistryError",
     "import_file",

@@ -74,6 +74,11 @@ class Trainer:
         cfg = self.config
         import_files(cfg.imports)
         kind, agent = self._rollout_spec(workflow)
+        if dataset is None and not cfg.dataset:
+            raise ValueError(
+                "no dataset: pass train(dataset=rows), or set `dataset` in the config "
+                "({type: jsonl, path: ...} or {type: python, function: 'file.py:fn'})"
+            )
         rows = dataset if dataset is not None else load_dataset(cfg.dataset)
         if not rows:
             raise ValueError("the dataset is empty")
@@ -174,31 +179,23 @@ class Trainer:
         return "proxy", instance
 
     def _start_gateway(self, model_dir: Path, database: Path, admin_key: str) -> Any:
-        from gateway.config import GatewayConfig
+        from dataclasses import replace
+
+        from gateway.inference.registry import INFERENCE_ENGINES, engine_spec
         from gateway.server import BackgroundGateway
 
-        g = self.config.gateway
-        if g.engine not in ("embedded", "sglang"):
-            raise ValueError(f"gateway.engine must be embedded or sglang, got {g.engine!r}")
-        extra: dict[str, Any] = {}
-        if g.engine == "sglang":
-            if not g.engine_urls:
-                raise ValueError("gateway.engine: sglang needs gateway.engine_urls")
-            extra["engine_urls"] = list(g.engine_urls)
-            extra["engine_update_urls"] = list(g.engine_update_urls)
-            if g.engine_max_context is not None:
-                extra["engine_max_context"] = g.engine_max_context
-        gw_cfg = GatewayConfig(
-            host=g.host,
-            port=g.port,
+        if not engine_spec(self.config.gateway.engine).trainable:
+            trainable = sorted(n for n, s in INFERENCE_ENGINES.items() if s.trainable)
+            raise ValueError(
+                f"gateway.engine {self.config.gateway.engine!r} cannot take new weights; "
+                f"choose one of {trainable}"
+            )
+        gw_cfg = replace(
+            self.config.gateway,
             database=str(database),
             admin_key=admin_key,
-            engine=g.engine,
             model=str(model_dir),
             device=self.config.device,
-            max_batch_size=g.max_batch_size,
-            default_max_tokens=g.default_max_tokens,
-            **extra,
         )
         return BackgroundGateway(gw_cfg).start()
 
@@ -394,18 +391,21 @@ class Trainer:
         return stats
 
     def _sync_weights(self, version: int) -> None:
-        """New weights to the inference engine: in memory (embedded) or via disk (SGLang)."""
-        if self.config.gateway.engine == "embedded":
-            state = self.policy.full_state_dict()  # collective under ZeRO-3
-            if self.gateway is not None:
-                self.gateway.engine.update_weights(state, version=version)
+        """New weights to the inference engine, the way its registry entry takes them:
+        tensors in memory, or a Hugging Face folder it loads. Collective: every rank."""
+        from gateway.inference.base import WeightUpdate
+        from gateway.inference.registry import engine_spec
+
+        if engine_spec(self.config.gateway.engine).weights == "memory":
+            update = WeightUpdate(version, state_dict=self.policy.full_state_dict())
         else:
             path = Path(self.config.run_dir) / "weights" / f"v{version}"
-            self.policy.save_hf(path)  # collective; rank 0 writes
-            if self.gateway is not None:
-                self.gateway.call(self.gateway.engine.update_weights_from_disk(str(path), version))
-                for old in path.parent.glob("v*"):
-                    if old != path:
+            update = WeightUpdate(version, path=str(self.policy.save_hf(path)))
+        if self.gateway is not None:
+            self.gateway.call(self.gateway.engine.update_weights(update))
+            if update.path is not None:
+                for old in Path(update.path).parent.glob("v*"):
+                    if old != Path(update.path):
                         shutil.rmtree(old, ignore_errors=True)
         self.version = version
 

@@ -37,9 +37,19 @@ def import_files(paths: list[str]) -> None:
 
 def load_class(spec: str | type, what: str = "class") -> type:
     """A class from "module.Class" or "path/file.py:Class"."""
-    if isinstance(spec, type):
+    cls = load_object(spec, what)
+    if not isinstance(cls, type):
+        raise WorkflowError(f"{spec} is not a class")
+    return cls
+
+
+def load_object(spec: Any, what: str = "object") -> Any:
+    """A class or function from "module.name" or "path/file.py:name"; objects pass through."""
+    if not isinstance(spec, str):
+        if not callable(spec):
+            raise WorkflowError(f"{what} must be a class or a string, got {spec!r}")
         cls = spec
-    elif not isinstance(spec, str) or not spec:
+    elif not spec:
         raise WorkflowError(f"{what} must be a class or a string, got {spec!r}")
     elif ":" in spec and (spec.split(":", 1)[0].endswith(".py") or "/" in spec):
         cls = _from_file(*spec.rsplit(":", 1))
@@ -75,7 +85,7 @@ def make_workflow(spec: str | type | Any, kwargs: dict[str, Any] | None = None) 
         raise WorkflowError(f"cannot build {cls.__name__}(**{kwargs}): {exc}") from exc
 
 
-def _from_file(path: str, attr: str) -> type:
+def _from_file(path: str, attr: str) -> Any:
     return _attr(import_file(path), attr, f"{path}:{attr}")
 
 
@@ -101,10 +111,8 @@ def import_file(path: str | Path) -> Any:
     return module
 
 
-def _attr(module: Any, attr: str, spec: str) -> type:
-    cls = getattr(module, attr, None)
-    if cls is None:
+def _attr(module: Any, attr: str, spec: str) -> Any:
+    obj = getattr(module, attr, None)
+    if obj is None:
         raise WorkflowError(f"{spec}: module has no attribute {attr!r}")
-    if not isinstance(cls, type):
-        raise WorkflowError(f"{spec} is not a class")
-    return cls
+    return obj

@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from gateway.chat.tool_parsers import detect_tool_parser
 from gateway.chat.tools import inline_tools
 
 
@@ -87,6 +88,9 @@ class ChatRenderer:
         # the others the gateway writes them into the messages (see tool_prompt.py).
         template = tokenizer.chat_template
         self.native_tools = isinstance(template, str) and "tools" in template
+        # The tool-call format to parse: the template's own, or the Hermes form the
+        # gateway's tool prompt asks for.
+        self.tool_parser = detect_tool_parser(template) if self.native_tools else "hermes"
 
     def render(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.chat.tool_parsers import TOOL_CLOSE, TOOL_OPEN
+from gateway.chat.tool_parsers.hermes import TOOL_CLOSE, TOOL_OPEN
 
 _HEADER = (
     "# Tools\n\n"

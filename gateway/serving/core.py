@@ -29,7 +29,7 @@ from fastapi.concurrency import run_in_threadpool
 from gateway.chat.detokenize import IncrementalDecoder
 from gateway.chat.linking import tokens_continue
 from gateway.chat.template import ChatRenderer
-from gateway.chat.tool_parsers import ToolCallParser
+from gateway.chat.tool_parsers import ToolParser, make_tool_parser
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
 from gateway.inference.base import (
@@ -113,6 +113,10 @@ class ServingCore:
         self.request_timeout_s = config.request_timeout_s
         self.max_pending = config.max_pending_requests
         self.max_n = config.max_n
+        self.tool_parser_name = (
+            renderer.tool_parser if config.tool_parser == "auto" else config.tool_parser
+        )
+        make_tool_parser(self.tool_parser_name)  # an unknown name fails at start-up
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: OrderedDict[tuple[str, str], Parent] = OrderedDict()
@@ -198,7 +202,11 @@ class ServingCore:
                 retryable=False,
             ) from exc
 
-    def count_tool_calls(self, parser: ToolCallParser | None) -> None:
+    def tool_parser(self) -> ToolParser:
+        """A parser for tool calls in the format of this gateway's model."""
+        return make_tool_parser(self.tool_parser_name)
+
+    def count_tool_calls(self, parser: ToolParser | None) -> None:
         if parser is None:
             return
         if parser.failures:

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from gateway.chat.tool_parsers import Event, ToolCallParser, content_events
+from gateway.chat.tool_parsers import Event, ToolParser, content_events
 from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
 from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
@@ -72,7 +72,7 @@ class Choice:
     subclass it for their stream shapes.
     """
 
-    def __init__(self, index: int, parser: ToolCallParser | None, streaming: bool) -> None:
+    def __init__(self, index: int, parser: ToolParser | None, streaming: bool) -> None:
         self.index = index
         self.parser = parser
         self.streaming = streaming

@@ -25,7 +25,7 @@ from openai.types.chat.chat_completion_token_logprob import (
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.chat.tool_parsers import ContentEvent, Event, ToolCallParser
+from gateway.chat.tool_parsers import ContentEvent, Event
 from gateway.inference.base import TopLogprobs
 from gateway.serving.endpoint import Answer
 from gateway.serving.turn import TextDelta
@@ -65,9 +65,8 @@ class ChatCompletionRequest(BaseModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def tool_parser(self) -> ToolCallParser | None:
-        """A parser for the answer's tool calls, when tools may be called."""
-        return ToolCallParser() if self.tools and self.tool_choice != "none" else None
+    def may_call_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class ChatShapes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.chat.linking import candidate_parent_hashes, conversation_hash
-from gateway.chat.tool_parsers import ContentEvent, Event, ToolCall, ToolCallEvent
+from gateway.chat.tool_parsers import ContentEvent, Event, ToolCall, ToolCallEvent, ToolParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
@@ -25,9 +25,8 @@ from gateway.store.repository import SessionInfo
 
 
 class ChatChoice(Choice):
-    def __init__(self, index: int, p: Prepared) -> None:
-        req: ChatCompletionRequest = p.req
-        super().__init__(index, req.tool_parser(), p.stream)
+    def __init__(self, index: int, p: Prepared, parser: ToolParser | None) -> None:
+        super().__init__(index, parser, p.stream)
         self.writer: ChunkWriter | None = p.context.get("writer")
 
     def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
@@ -95,7 +94,8 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         return p
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return ChatChoice(index, p)
+        parser = self.core.tool_parser() if p.req.may_call_tools() else None
+        return ChatChoice(index, p, parser)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         req: ChatCompletionRequest = p.req

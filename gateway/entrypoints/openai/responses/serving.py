@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
 
 from gateway.chat.linking import candidate_parent_hashes, conversation_hash
-from gateway.chat.tool_parsers import Event, ToolCall, ToolCallParser, content_events
+from gateway.chat.tool_parsers import Event, ToolCall, ToolParser, content_events
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.responses.events import EventWriter
 from gateway.entrypoints.openai.responses.protocol import (
@@ -44,9 +44,7 @@ def new_response_id() -> str:
 class ResponseChoice(Choice):
     """The one choice of a response; its writer keeps the output items (and their ids)."""
 
-    def __init__(self, p: Prepared) -> None:
-        tools = p.context["tools"]
-        parser = ToolCallParser() if tools and p.req.tool_choice != "none" else None
+    def __init__(self, p: Prepared, parser: ToolParser | None) -> None:
         super().__init__(0, parser, p.stream)
         self.ctx: ResponseContext = p.context["shape"]
         self.writer: EventWriter = p.context["writer"]
@@ -150,7 +148,8 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         return [*previous, *(response.get("output") or [])]
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return ResponseChoice(p)
+        may_call = p.context["tools"] and p.req.tool_choice != "none"
+        return ResponseChoice(p, self.core.tool_parser() if may_call else None)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, ResponseChoice)

@@ -1,62 +1,31 @@
-"""Tool calls in model text -> OpenAI tool calls, incrementally (for streaming too).
+"""Hermes / Qwen tool calls: JSON inside `<tool_call>...</tool_call>` tags.
 
-Two formats, both inside `<tool_call>...</tool_call>` tags:
 - Hermes / Qwen: one JSON object `{"name": ..., "arguments": {...}}` per tag; several
   tags are parallel calls;
 - SmolLM2: a JSON list of such objects inside one tag (`[]` means "no call").
 
-A block whose JSON does not parse comes back as plain content (and is counted by the
-caller through `failures`). Text outside the tags is content.
+This is also the form the gateway asks for when a model's own template knows no tools
+(gateway/chat/tools.py). A block whose JSON does not parse comes back as plain content
+and is counted in `failures`. Text outside the tags is content.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass
-from typing import Any
 
 from gateway.chat.detokenize import partial_suffix_len
+from gateway.chat.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ToolCall,
+    ToolCallEvent,
+    ToolParser,
+    new_call_id,
+    register_tool_parser,
+)
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass(slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # a JSON object, as text
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(slots=True)
-class ContentEvent:
-    text: str
-
-
-@dataclass(slots=True)
-class ToolCallEvent:
-    index: int  # position among this answer's tool calls
-    call: ToolCall
-
-
-Event = ContentEvent | ToolCallEvent
-
-
-def content_events(text: str) -> list[Event]:
-    """Plain text as events (an answer nobody parses for tool calls)."""
-    return [ContentEvent(text)] if text else []
 
 
 def parse_block(body: str) -> list[tuple[str, str]] | None:
@@ -82,7 +51,8 @@ def parse_block(body: str) -> list[tuple[str, str]] | None:
     return calls
 
 
-class ToolCallParser:
+@register_tool_parser("hermes", detect=lambda template: TOOL_OPEN in template)
+class HermesToolParser(ToolParser):
     """Feed text as it is generated; get content and complete tool calls back.
 
     Text that could be the start of a `<tool_call>` tag is held back until it is known,
@@ -91,19 +61,10 @@ class ToolCallParser:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._buf = ""
         self._in_call = False
         self._held_ws = ""
-        self.content_parts: list[str] = []
-        self.tool_calls: list[ToolCall] = []
-        self.failures = 0
-
-    @property
-    def content(self) -> str | None:
-        text = "".join(self.content_parts)
-        if self.tool_calls:
-            return text.strip() or None
-        return text
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = []

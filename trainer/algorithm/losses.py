@@ -1,0 +1,130 @@
+"""Policy-gradient losses, chosen by name (`train.loss`): a new loss is one function.
+
+    @register_loss("my-loss")
+    def my_loss(logprobs, mb, cfg):
+        return -(logprobs * mb["advantages"] * mb["loss_mask"]).sum(), {}
+
+A registered loss gets one packed micro-batch: `logprobs` (T,) of every token under the
+policy being trained, and `mb` with per-token (T,) `input_ids`, `loss_mask`, `logprobs`
+(behaviour), `versions`, `advantages` and, when tokens are stale, `prox_logprobs`; and
+the `TrainConfig`. It returns the SUM over trained tokens and stats to report; the actor
+divides by the number of trained tokens in the whole step, so every token weighs the
+same however the step was split into micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from trainer.config import ConfigError, TrainConfig
+
+LossResult = tuple[torch.Tensor, dict[str, float]]  # (sum over trained tokens, stats)
+Loss = Callable[[torch.Tensor, dict[str, torch.Tensor], TrainConfig], LossResult]
+LOSSES: dict[str, Loss] = {}
+
+
+def register_loss(name: str) -> Callable[[Loss], Loss]:
+    """Decorator: make `fn` selectable as `train.loss: <name>`."""
+
+    def register(fn: Loss) -> Loss:
+        LOSSES[name] = fn
+        return fn
+
+    return register
+
+
+def get_loss(name: str) -> Loss:
+    if name not in LOSSES:
+        raise ConfigError(f"unknown train.loss {name!r}; registered: {sorted(LOSSES)}")
+    return LOSSES[name]
+
+
+@register_loss("grpo")
+def grpo(logprobs: torch.Tensor, mb: dict[str, torch.Tensor], cfg: TrainConfig) -> LossResult:
+    """The decoupled PPO objective (stale-safe); plain PPO while every token is fresh."""
+    behav = mb["logprobs"]
+    prox = mb.get("prox_logprobs", behav)
+    return decoupled_ppo_loss(
+        logprobs, prox, behav, mb["advantages"], mb["loss_mask"],
+        cfg.eps_clip, cfg.behav_imp_weight_cap,
+    )  # fmt: skip
+
+
+@register_loss("ppo")
+def ppo(logprobs: torch.Tensor, mb: dict[str, torch.Tensor], cfg: TrainConfig) -> LossResult:
+    """PPO clipped around the behaviour policy, however stale it is."""
+    return ppo_clip_loss(logprobs, mb["logprobs"], mb["advantages"], mb["loss_mask"], cfg.eps_clip)
+
+
+@register_loss("reinforce")
+def reinforce(logprobs: torch.Tensor, mb: dict[str, torch.Tensor], cfg: TrainConfig) -> LossResult:
+    return reinforce_loss(logprobs, mb["advantages"], mb["loss_mask"])
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_clip: float = 0.2,
+) -> LossResult:
+    """GRPO/PPO clipped surrogate: -min(r A, clip(r, 1-eps, 1+eps) A), r = pi / pi_old.
+
+    The decoupled objective with the proximal policy equal to the behaviour policy.
+    """
+    loss_sum, stats = decoupled_ppo_loss(
+        logprobs, old_logprobs, old_logprobs, advantages, mask, eps_clip, float("inf")
+    )
+    return loss_sum, {k: stats[k] for k in ("clip_frac", "ratio_mean", "approx_kl")}
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behav_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_clip: float = 0.2,
+    behav_imp_weight_cap: float = 5.0,
+) -> LossResult:
+    """PPO for off-policy (stale) rollouts: trust region around the proximal policy.
+
+    The behaviour policy (the weights that sampled a token, maybe several versions old)
+    and the proximal policy (the weights at the start of this step) are kept apart:
+    the ratio pi/pi_prox is clipped as in PPO, and the whole term is reweighted by
+    pi_prox/pi_behav, truncated at `behav_imp_weight_cap` so one very stale token cannot
+    dominate the step. With fresh rollouts pi_prox == pi_behav and this is plain PPO.
+    """
+    mask = mask.float()
+    log_ratio = (logprobs - prox_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip) * advantages
+    surrogate = -torch.minimum(unclipped, clipped)
+
+    behav_log_w = ((prox_logprobs - behav_logprobs) * mask).detach()
+    behav_w = torch.exp(behav_log_w).clamp(max=behav_imp_weight_cap)
+    loss_sum = (surrogate * behav_w * mask).sum()
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {
+            "clip_frac": float(((unclipped != clipped).float() * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+            "approx_kl": float(((ratio - 1 - log_ratio) * mask).sum() / n),
+            "behav_weight_mean": float((behav_w * mask).sum() / n),
+            "behav_weight_capped_frac": float(
+                ((torch.exp(behav_log_w) > behav_imp_weight_cap).float() * mask).sum() / n
+            ),
+        }
+    return loss_sum, stats
+
+
+def reinforce_loss(
+    logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> LossResult:
+    """Vanilla policy gradient: -A log pi(a)."""
+    loss_sum = -(logprobs * advantages * mask.float()).sum()
+    return loss_sum, {}

@@ -1,0 +1,245 @@
+"""The policy under training, run by DeepSpeed (ZeRO 0-3; gloo on CPU, NCCL on GPUs).
+
+It implements `TrainEngine`: every algorithm, the built-in actor's and a user's alike,
+trains through `train_batch`, which packs the batch, gives each rank its share of the
+micro-batches, accumulates their gradients and takes one optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gateway.inference.model_source import load_causal_lm
+from trainer.backend import distributed
+from trainer.backend.batches import micro_batches, split_padded
+from trainer.backend.train_engine import LossFn, LossWeightFn, TrainEngine
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+MicroBatch = dict[str, torch.Tensor]
+
+
+def init_distributed(device: str) -> None:
+    """Single-process runs get a one-rank world; launched runs keep the launcher's env."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        from gateway.server import free_port
+
+        os.environ["MASTER_PORT"] = str(free_port())
+    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl", verbose=False)
+
+
+def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        # our client AdamW: DeepSpeed's fused/CPU Adam would JIT-compile for a minute
+        "zero_allow_untested_optimizer": True,
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedEngine(TrainEngine):
+    def __init__(self, model_dir: Path, cfg: TrainConfig, device: str = "cpu") -> None:
+        import deepspeed
+
+        if cfg.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"train.zero_stage must be 0, 1, 2 or 3; got {cfg.zero_stage}")
+        init_distributed(device)
+        self.cfg = cfg
+        self.device = device
+        model = load_causal_lm(model_dir, device)
+        # train in fp32: bf16 matmuls are ~30x slower on this kind of CPU
+        model = model.float()
+        model.config.use_cache = False
+        model.train()
+        self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=deepspeed_config(cfg)
+        )
+        self.global_step = 0
+        self.rank = distributed.rank()
+        self.world = distributed.world_size()
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def train(self, mode: bool = True) -> DeepSpeedEngine:
+        self.engine.train(mode)
+        return self
+
+    # ---- TrainEngine -----------------------------------------------------------------
+    def train_batch(
+        self, data: dict[str, torch.Tensor], loss_fn: LossFn, loss_weight_fn: LossWeightFn
+    ) -> dict[str, float]:
+        """Every rank gets the same `data` and trains its share of the micro-batches."""
+        started = time.perf_counter()
+        mbs, weights = self._micro_batches(data, loss_weight_fn)
+        sizes = [int(mb["input_ids"].numel()) for mb in mbs]
+        out = {
+            "trained_tokens": float(sum(float(mb["loss_mask"].sum()) for mb in mbs if "loss_mask" in mb)),
+            "micro_batches": float(len(mbs)),
+            "packed_tokens": float(sum(sizes)),
+        }
+        total = sum(weights)
+        if total <= 0:
+            return {"loss": 0.0, **out}
+        mine = distributed.shard(list(zip(mbs, weights, strict=True)), sizes, self.rank, self.world)
+        sums = {"loss": 0.0}  # this rank's share of the loss and of the loss's stats
+        for i, item in enumerate(mine):
+            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
+            loss = self._share_of_loss(item, loss_fn, total, sums)
+            # DeepSpeed averages gradients over ranks: scale up so the sum is the loss
+            self.engine.backward(loss * self.world)
+            sums["loss"] += float(loss.detach())
+        grad_norm = self._step()
+        out.update(self._sum_over_ranks(sums), train_s=time.perf_counter() - started)
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm
+        return out
+
+    def eval_batch(
+        self, data: dict[str, torch.Tensor], loss_fn: LossFn, loss_weight_fn: LossWeightFn
+    ) -> float:
+        mbs, weights = self._micro_batches(data, loss_weight_fn)
+        total = sum(weights) or 1.0
+        with torch.no_grad():
+            return sum(
+                float(_loss_and_stats(loss_fn(self._logits(mb), mb))[0]) * w / total
+                for mb, w in zip(mbs, weights, strict=True)
+            )
+
+    def _micro_batches(
+        self, data: dict[str, torch.Tensor], loss_weight_fn: LossWeightFn
+    ) -> tuple[list[MicroBatch], list[float]]:
+        device = next(self.engine.module.parameters()).device
+        mbs = [
+            {k: v.to(device) for k, v in mb.items()}
+            for mb in micro_batches(split_padded(data), self.cfg.micro_batch_tokens)
+        ]
+        return mbs, [float(loss_weight_fn(mb)) for mb in mbs]
+
+    def _share_of_loss(
+        self,
+        item: tuple[MicroBatch, float] | None,
+        loss_fn: LossFn,
+        total: float,
+        sums: dict[str, float],
+    ) -> torch.Tensor:
+        if item is None:  # a stand-in keeping ranks in step: a real pass that moves nothing
+            return self._logits(self._padding_batch()).sum() * 0.0
+        mb, weight = item
+        loss, stats = _loss_and_stats(loss_fn(self._logits(mb), mb))
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * weight / total
+        return loss * (weight / total)
+
+    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+        """(T, V) float32 logits; only the `logits_mask` positions' when it is there."""
+        keep = mb.get("logits_mask")
+        extra = {} if keep is None else {"logits_to_keep": torch.nonzero(keep, as_tuple=True)[0]}
+        out = self.engine(
+            input_ids=mb["input_ids"].long().unsqueeze(0),
+            position_ids=mb["position_ids"].long().unsqueeze(0),
+            use_cache=False,
+            **extra,
+        )
+        return out.logits[0].float()
+
+    def _padding_batch(self) -> MicroBatch:
+        device = next(self.engine.module.parameters()).device
+        ids = torch.full((2,), self._pad_id, device=device)
+        return {"input_ids": ids, "position_ids": torch.arange(2, device=device)}
+
+    def _step(self) -> float | None:
+        grad_norm = (
+            self.engine.get_global_grad_norm()
+            if hasattr(self.engine, "get_global_grad_norm")
+            else None
+        )
+        self.engine.step()
+        self.global_step += 1
+        return None if grad_norm is None else float(grad_norm)
+
+    def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        """Per key, the sum over ranks (a rank that only padded has no stats keys)."""
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        gathered: list[dict[str, float]] = [{} for _ in range(self.world)]
+        dist.all_gather_object(gathered, values)
+        keys = sorted({k for g in gathered for k in g})
+        return {k: sum(g.get(k, 0.0) for g in gathered) for k in keys}
+
+    # ---- weights and checkpoints -----------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Whole (unpartitioned) weights, e.g. to push to the inference engine.
+
+        Collective under ZeRO-3: every rank must call it.
+        """
+        module = self.engine.module
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            params = list(module.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return {k: v.detach().clone() for k, v in module.state_dict().items()}
+        return {k: v.detach() for k, v in module.state_dict().items()}
+
+    def save_hf(self, path: Path, tokenizer: Any = None) -> Path:
+        """A plain Hugging Face folder that the gateway (or anyone) can load."""
+        path.mkdir(parents=True, exist_ok=True)
+        state = self.full_state_dict()
+        if self.rank == 0:
+            self.engine.module.save_pretrained(path, state_dict=state)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
+        return path
+
+    def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
+        """DeepSpeed's own checkpoint (weights, optimizer shards); collective."""
+        tag = f"step{client_state.get('step', self.global_step)}"
+        self.engine.save_checkpoint(
+            str(path), tag=tag, client_state={**client_state, "global_step": self.global_step}
+        )
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        if not (Path(path) / "latest").is_file():
+            return None
+        load_path, client_state = self.engine.load_checkpoint(str(path))
+        if load_path is None:
+            return None
+        client_state = dict(client_state or {})
+        self.global_step = int(client_state.get("global_step", 0))
+        return client_state
+
+
+def _loss_and_stats(
+    result: torch.Tensor | tuple[torch.Tensor, dict[str, float]],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    return result if isinstance(result, tuple) else (result, {})

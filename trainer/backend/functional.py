@@ -1,0 +1,49 @@
+"""Token-logprob helpers that loss functions build on (built-in ones and users' alike)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] at every position, without materialising log_softmax.
+
+    `logits` is (T, V) for a packed 1-D batch and `labels` (T,); position t usually
+    holds the NEXT token (`torch.roll(input_ids, -1)`), as the model predicts it there.
+    """
+    logits = logits.float()
+    picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def next_token_logprobs(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(T,) logprob of every token given the ones before it: entry j is for input_ids[j].
+
+    `logits` are what `train_batch` handed the loss: all T positions, or only those in
+    `mb["logits_mask"]` when the micro-batch has one. Entries whose logits were not
+    computed, and each sequence's first token, are 0. Where the micro-batch holds a
+    sampling `temperature` (per token or per sequence), the logits are divided by it
+    first: the distribution the inference engine sampled from and took logprobs of.
+    """
+    ids = mb["input_ids"]
+    if "logits_mask" in mb:
+        rows = torch.nonzero(mb["logits_mask"], as_tuple=True)[0]
+    else:
+        rows = torch.arange(ids.shape[0] - 1, device=ids.device)
+        logits = logits[:-1]  # the last position predicts nothing in the micro-batch
+    targets = rows + 1
+    logits = logits.float()
+    if "temperature" in mb:
+        logits = logits / _per_token(mb["temperature"], mb)[targets].unsqueeze(-1)
+    out = torch.zeros(ids.shape[0], dtype=torch.float32, device=logits.device)
+    out = out.index_put((targets,), gather_logprobs(logits, ids[targets]))
+    if "cu_seqlens" in mb:  # nothing predicts a sequence's first token
+        out[mb["cu_seqlens"][:-1].long()] = 0.0
+    return out
+
+
+def _per_token(values: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A per-sequence (n,) value repeated over each sequence's tokens; (T,) as it is."""
+    if values.shape[0] == mb["input_ids"].shape[0] or "cu_seqlens" not in mb:
+        return values
+    return torch.repeat_interleave(values, mb["cu_seqlens"].long().diff())
