@@ -26,8 +26,7 @@ import torch
 
 from gateway.chat.template import ChatRenderer
 from gateway.inference.model_source import load_tokenizer, resolve_model_dir
-from trainer.ds_engine import DeepSpeedEngine
-from trainer.functional import gather_logprobs
+from trainer.backend import DeepSpeedEngine, gather_logprobs
 from trainer.llm_api import GenerationHyperparameters, LLMRequest
 from trainer.rollout_engine import RolloutEngine
 from trainer.workflow import import_file

@@ -10,10 +10,17 @@ import torch
 
 from gateway.samples import NoRewardError, discounted_returns
 from gateway.samples.individual import individual_samples
-from trainer.advantages import grpo_advantages
-from trainer.config import ConfigError, load_config
-from trainer.losses import ppo_clip_loss, reinforce_loss
-from trainer.packing import pack, token_logprobs
+from trainer.algorithm import get_advantage
+from trainer.algorithm.losses import ppo_clip_loss, reinforce_loss
+from trainer.backend import (
+    forward_logits,
+    micro_batches,
+    next_token_logprobs,
+    pad_sequences,
+    predicting_positions,
+    split_padded,
+)
+from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.rollout import RewardShapeError, rewards_from_return
 
 
@@ -91,6 +98,12 @@ def test_float_reward_goes_to_last_completion_and_dict_by_id() -> None:
         rewards_from_return(float("nan"), comps)
 
 
+def grpo_advantages(returns: list[float], groups: list[int], norm: str) -> list[float]:
+    r = torch.tensor(returns)
+    batch = {"returns": r, "group": torch.tensor(groups), "token_returns": r[:, None]}
+    return get_advantage("grpo")(batch, TrainConfig(adv_norm=norm))[:, 0].tolist()
+
+
 def test_grpo_advantages_are_normalised_within_each_group() -> None:
     returns = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5]
     groups = [0, 0, 0, 0, 1, 1]
@@ -116,15 +129,34 @@ def _sample(n: int, prompt: int, seed: int) -> dict:
     }
 
 
+def pack(samples: list[dict], advantages: list[float], max_tokens: int) -> list[dict]:
+    """As the actor packs samples: padded, unpadded into micro-batches, a logits_mask."""
+    seqs = [
+        {
+            "input_ids": torch.tensor(s["input_ids"]),
+            "loss_mask": torch.tensor(s["loss_mask"]),
+            "logprobs": torch.tensor(s["logprobs"]),
+            "advantages": torch.full((len(s["input_ids"]),), a),
+        }
+        for s, a in zip(samples, advantages, strict=True)
+    ]
+    mbs = micro_batches(split_padded(pad_sequences(seqs)), max_tokens)
+    return [{**mb, "logits_mask": predicting_positions(mb["loss_mask"])} for mb in mbs]
+
+
+def token_logprobs(model: torch.nn.Module, mb: dict) -> torch.Tensor:
+    return next_token_logprobs(forward_logits(model, mb), mb)
+
+
 def test_pack_puts_sequences_end_to_end_without_padding() -> None:
     samples = [_sample(10, 4, 0), _sample(7, 3, 1), _sample(12, 5, 2)]
     batches = pack(samples, [1.0, -1.0, 0.5], max_tokens=20)
-    assert sum(b.num_tokens for b in batches) == 29  # no padding anywhere
-    assert all(b.num_tokens <= 20 for b in batches)
+    assert sum(b["input_ids"].numel() for b in batches) == 29  # no padding anywhere
+    assert all(b["input_ids"].numel() <= 20 for b in batches)
     for b in batches:
-        starts = (b.position_ids[0] == 0).nonzero().flatten().tolist()
-        assert len(starts) == b.num_seqs
-        assert all(b.loss_mask[s] == 0 for s in starts)
+        starts = (b["position_ids"] == 0).nonzero().flatten().tolist()
+        assert starts == b["cu_seqlens"][:-1].tolist()
+        assert all(b["loss_mask"][s] == 0 for s in starts)
 
 
 class TinyLM(torch.nn.Module):
@@ -166,6 +198,10 @@ def test_packed_logprobs_equal_one_sequence_at_a_time() -> None:
             got = packed[offset + p : offset + n]
             assert torch.allclose(got, ref[p - 1 :], atol=1e-5)
             offset += n
+        # the LM head on every position gives the same logprobs where tokens are trained
+        full = {k: v for k, v in batch.items() if k != "logits_mask"}
+        trained = batch["loss_mask"] > 0
+        assert torch.allclose(token_logprobs(model, full)[trained], packed[trained], atol=1e-5)
 
 
 def test_ppo_loss_on_a_tiny_packed_batch() -> None:
@@ -175,11 +211,11 @@ def test_ppo_loss_on_a_tiny_packed_batch() -> None:
     with torch.no_grad():
         old = token_logprobs(model, batch)
     logp = token_logprobs(model, batch)
-    loss_sum, stats = ppo_clip_loss(logp, old, batch.advantages, batch.loss_mask, 0.2)
+    loss_sum, stats = ppo_clip_loss(logp, old, batch["advantages"], batch["loss_mask"], 0.2)
     # on-policy: ratio is 1, so the loss equals minus the masked sum of advantages
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert float(loss_sum.detach()) == pytest.approx(
-        -float((batch.advantages * batch.loss_mask).sum()), abs=1e-4
+        -float((batch["advantages"] * batch["loss_mask"]).sum()), abs=1e-4
     )
     loss_sum.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -190,7 +226,7 @@ def test_ppo_loss_on_a_tiny_packed_batch() -> None:
     opt.step()
     with torch.no_grad():
         after, _ = ppo_clip_loss(
-            token_logprobs(model, batch), old, batch.advantages, batch.loss_mask, 0.2
+            token_logprobs(model, batch), old, batch["advantages"], batch["loss_mask"], 0.2
         )
     assert float(after) < float(loss_sum.detach())
 
@@ -237,8 +273,6 @@ def test_config_yaml_with_overrides(tmp_path) -> None:
 
 
 def test_padded_batches_round_trip_to_packed_micro_batches() -> None:
-    from trainer.batch_dicts import micro_batches, pad_sequences, split_padded
-
     seqs = [
         {"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1]), "r": 0.5},
         {"input_ids": torch.arange(10, 15), "loss_mask": torch.tensor([0, 0, 1, 1, 1]), "r": -1},

@@ -22,7 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     result = Trainer(config).train(workflow=args.workflow)
-    from trainer.distributed import is_main
+    from trainer.backend.distributed import is_main
 
     if not is_main():  # launched with torchrun / deepspeed: rank 0 reports
         return 0

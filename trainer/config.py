@@ -33,7 +33,10 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    algorithm: str = "grpo"  # grpo (decoupled PPO objective) | reinforce
+    # Registered names (trainer/algorithm): the loss (grpo = the decoupled PPO objective,
+    # ppo, reinforce, or your own @register_loss) and the advantage estimator.
+    loss: str = "grpo"
+    advantage: str = "grpo"
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -45,10 +48,11 @@ class TrainConfig:
     micro_batch_tokens: int = 1024
     adv_norm: str = "group"  # group | batch | none
     warmup_steps: int = 0
-    # A TrainEngine subclass ("module.Class" / "file.py:Class") and the method of it
-    # that trains one batch of token-level rollouts (the RolloutWorkflow path).
+    # A DeepSpeedEngine subclass ("module.Class" / "file.py:Class") to train with, and
+    # optionally its method that replaces the built-in actor: it gets each step's padded
+    # batch and calls self.train_batch(batch, loss_fn, loss_weight_fn).
     engine_class: str | None = None
-    step_method: str = "train_step"
+    step_method: str | None = None
 
 
 @dataclass

@@ -33,8 +33,8 @@ class Episode:
     num_completions: int = 0
     error: str | None = None
     no_reward: bool = False
-    # Token-level workflows: the per-sequence tensors `arun_episode` / an agent returned,
-    # handed as they are to a custom TrainEngine (`train.engine_class`).
+    # Token-level workflows: the per-sequence tensors `arun_episode` / an agent returned;
+    # their numeric keys join the samples' in the training batch (algorithm.to_sequences).
     raw: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -28,7 +28,8 @@ import httpx
 import yaml
 from tqdm.auto import tqdm
 
-from trainer import distributed
+from trainer.algorithm import PPOActor, get_advantage, get_loss, to_sequences
+from trainer.backend import DeepSpeedEngine, distributed, pad_sequences
 from trainer.config import TrainerConfig, load_config
 from trainer.data_order import DataOrder
 from trainer.datasets import load_dataset
@@ -200,23 +201,24 @@ class Trainer:
         return BackgroundGateway(gw_cfg).start()
 
     def _make_policy(self, model_dir: Path) -> Any:
-        from trainer.ds_engine import DeepSpeedEngine
-        from trainer.ppo_actor import check_algorithm
-
+        """The train engine; and, unless `train.step_method` names the user's own step,
+        the built-in actor (`self.actor`) that trains each batch on it."""
         t = self.config.train
-        if t.engine_class is None:
-            check_algorithm(t.algorithm)
-            return DeepSpeedEngine(model_dir, t, self.config.device)
-        cls = load_class(t.engine_class, "train.engine_class")
+        cls = load_class(t.engine_class or DeepSpeedEngine, "train.engine_class")
         if not issubclass(cls, DeepSpeedEngine):
             raise WorkflowError(
-                f"train.engine_class {cls.__name__} must subclass trainer.ds_engine.DeepSpeedEngine"
+                f"train.engine_class {cls.__name__} must subclass trainer.backend.DeepSpeedEngine"
             )
-        if not callable(getattr(cls, t.step_method, None)):
+        if t.step_method is not None and not callable(getattr(cls, t.step_method, None)):
             raise WorkflowError(
                 f"{cls.__name__} has no method {t.step_method!r} (train.step_method)"
             )
-        return cls(model_dir, t, self.config.device)
+        if t.step_method is None:  # an unknown loss or estimator fails before the model loads
+            get_loss(t.loss)
+            get_advantage(t.advantage)
+        policy = cls(model_dir, t, self.config.device)
+        self.actor = PPOActor(policy, t) if t.step_method is None else None
+        return policy
 
     def _checkpoint_dir(self) -> Path:
         return Path(self.config.run_dir) / "checkpoints"
@@ -344,13 +346,7 @@ class Trainer:
 
     def _payload(self, step: int, episodes: list[Episode], data_state: dict[str, Any]) -> dict:
         """What every rank needs for one step (broadcast to the others)."""
-        payload: dict[str, Any] = {"step": step, "data": data_state}
-        if self.config.train.engine_class is None:
-            payload["samples"] = [s for ep in episodes for s in ep.samples]
-            payload["groups"] = [ep.group for ep in episodes for _ in ep.samples]
-        else:
-            payload["raw"] = [r for ep in episodes for r in (ep.raw or _raw_from_samples(ep))]
-        return payload
+        return {"step": step, "data": data_state, "sequences": to_sequences(episodes)}
 
     # ---- every rank ------------------------------------------------------------------
     def _follower_loop(self) -> None:
@@ -364,19 +360,14 @@ class Trainer:
             return None
         cfg = self.config
         step = int(payload["step"])
-        if "samples" in payload:
-            from trainer.ppo_actor import train_on_samples
-
-            stats = train_on_samples(
-                self.policy, cfg.train, payload["samples"], payload["groups"], version=step
-            )
-        elif payload["raw"]:
-            from trainer.batch_dicts import pad_sequences
-
-            stats = getattr(self.policy, cfg.train.step_method)(pad_sequences(payload["raw"]))
-            stats = {k: float(v) for k, v in (stats or {}).items() if _is_number(v)}
-        else:
-            stats = {}
+        seqs = payload["sequences"]
+        if not seqs:
+            stats: dict[str, float] = {"num_samples": 0.0}
+        elif self.actor is not None:
+            stats = self.actor.train(pad_sequences(seqs), version=step)
+        else:  # the user's own step, which calls self.train_batch
+            out = getattr(self.policy, cfg.train.step_method)(pad_sequences(seqs))
+            stats = {k: float(v) for k, v in (out or {}).items() if _is_number(v)}
         t0 = time.perf_counter()
         self._sync_weights(step + 1)
         stats["weight_sync_s"] = time.perf_counter() - t0
@@ -453,25 +444,6 @@ class Trainer:
             row["concat_samples"] = len(samples)
         row.update(stats or {})
         return row
-
-
-def _raw_from_samples(ep: Episode) -> list[dict[str, Any]]:
-    """Gateway samples in the per-sequence dict form a custom TrainEngine expects."""
-    import torch
-
-    out = []
-    for s in ep.samples:
-        n = len(s["input_ids"])
-        out.append(
-            {
-                "input_ids": torch.tensor(s["input_ids"]),
-                "loss_mask": torch.tensor(s["loss_mask"]),
-                "logprobs": torch.tensor(s["logprobs"], dtype=torch.float32),
-                "versions": torch.tensor(s["versions"]),
-                "rewards": torch.full((n,), float(s["returns"])),
-            }
-        )
-    return out
 
 
 def _is_number(value: Any) -> bool:

@@ -9,7 +9,7 @@ returns the training data of one episode itself, as a dict of tensors:
     logprobs        (1, L) behaviour logprob of each token       optional (zeros if absent)
     versions        (1, L) policy version of each token          optional
     attention_mask  (1, L) 0 on padding                          optional
-    ... any other key is kept for a custom train engine (Episode.raw).
+    ... any other numeric key goes into the training batch too (Episode.raw).
 
 A batch dimension B > 1 (several sequences from one episode, right- or left-padded, with
 an `attention_mask`) is accepted too; every row becomes one sample of the episode. A
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch_dicts import PER_TOKEN_KEYS, SampleError, as_tensor, split_sequences
+from trainer.backend.batches import PER_TOKEN_KEYS, SampleError, as_tensor, split_sequences
 from trainer.llm_api import GenerationHyperparameters
 from trainer.rollout import Episode, EpisodeRunner
 from trainer.rollout_engine import RolloutEngine

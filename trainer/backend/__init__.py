@@ -6,7 +6,12 @@ Import from here. An algorithm needs `TrainEngine.train_batch`, the batch helper
 
 from trainer.backend.batches import SampleError, micro_batches, pad_sequences, split_padded
 from trainer.backend.deepspeed_engine import DeepSpeedEngine
-from trainer.backend.functional import gather_logprobs, next_token_logprobs
+from trainer.backend.functional import (
+    forward_logits,
+    gather_logprobs,
+    next_token_logprobs,
+    predicting_positions,
+)
 from trainer.backend.train_engine import LossFn, LossWeightFn, TrainEngine
 
 __all__ = [
@@ -15,9 +20,11 @@ __all__ = [
     "LossWeightFn",
     "SampleError",
     "TrainEngine",
+    "forward_logits",
     "gather_logprobs",
     "micro_batches",
     "next_token_logprobs",
     "pad_sequences",
+    "predicting_positions",
     "split_padded",
 ]

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-
 # Keys that must be aligned with input_ids when present.
 PER_TOKEN_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "attention_mask")
 

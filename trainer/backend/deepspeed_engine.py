@@ -18,6 +18,7 @@ import torch
 from gateway.inference.model_source import load_causal_lm
 from trainer.backend import distributed
 from trainer.backend.batches import micro_batches, split_padded
+from trainer.backend.functional import forward_logits
 from trainer.backend.train_engine import LossFn, LossWeightFn, TrainEngine
 from trainer.config import TrainConfig
 
@@ -101,7 +102,9 @@ class DeepSpeedEngine(TrainEngine):
         mbs, weights = self._micro_batches(data, loss_weight_fn)
         sizes = [int(mb["input_ids"].numel()) for mb in mbs]
         out = {
-            "trained_tokens": float(sum(float(mb["loss_mask"].sum()) for mb in mbs if "loss_mask" in mb)),
+            "trained_tokens": float(
+                sum(float(mb["loss_mask"].sum()) for mb in mbs if "loss_mask" in mb)
+            ),
             "micro_batches": float(len(mbs)),
             "packed_tokens": float(sum(sizes)),
         }
@@ -159,16 +162,7 @@ class DeepSpeedEngine(TrainEngine):
         return loss * (weight / total)
 
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
-        """(T, V) float32 logits; only the `logits_mask` positions' when it is there."""
-        keep = mb.get("logits_mask")
-        extra = {} if keep is None else {"logits_to_keep": torch.nonzero(keep, as_tuple=True)[0]}
-        out = self.engine(
-            input_ids=mb["input_ids"].long().unsqueeze(0),
-            position_ids=mb["position_ids"].long().unsqueeze(0),
-            use_cache=False,
-            **extra,
-        )
-        return out.logits[0].float()
+        return forward_logits(self.engine, mb)
 
     def _padding_batch(self) -> MicroBatch:
         device = next(self.engine.module.parameters()).device

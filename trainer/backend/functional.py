@@ -5,6 +5,28 @@ from __future__ import annotations
 import torch
 
 
+def forward_logits(model: torch.nn.Module, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's float32 logits on a packed micro-batch: (T, V), or (K, V) for the K
+    positions of `mb["logits_mask"]`, the only ones then sent through the LM head."""
+    keep = mb.get("logits_mask")
+    extra = {} if keep is None else {"logits_to_keep": torch.nonzero(keep, as_tuple=True)[0]}
+    out = model(
+        input_ids=mb["input_ids"].long().unsqueeze(0),
+        position_ids=mb["position_ids"].long().unsqueeze(0),
+        use_cache=False,
+        **extra,
+    )
+    return out.logits[0].float()
+
+
+def predicting_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the positions whose NEXT token is trained (a `logits_mask`), for
+    (L,), (B, L) or packed (T,) masks where no sequence's first token is trained."""
+    keep = torch.zeros_like(loss_mask, dtype=torch.bool)
+    keep[..., :-1] = loss_mask[..., 1:] > 0
+    return keep
+
+
 def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[label] at every position, without materialising log_softmax.
 

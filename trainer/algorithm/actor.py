@@ -1,0 +1,121 @@
+"""The built-in actor: samples -> one padded batch -> `engine.train_batch`.
+
+Reads top to bottom like the algorithm: the registered advantage estimator
+(`train.advantage`), drop samples that carry no signal, then one optimizer step with
+the registered loss (`train.loss`) through the same `train_batch` call a user's
+algorithm makes (AReaL's PPO actor does the same). Only positions that predict a
+trained token go through the LM head (`logits_mask`). Staleness is measured here,
+because only the actor knows which policy version it trains.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.algorithm.advantages import get_advantage
+from trainer.algorithm.losses import get_loss
+from trainer.backend import LossFn, TrainEngine, next_token_logprobs, predicting_positions
+from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from trainer.rollout import Episode
+
+Batch = dict[str, torch.Tensor]
+
+
+def to_sequences(episodes: list[Episode]) -> list[Batch]:
+    """Every sample of every episode as one dict of tensors: what a training step gets.
+
+    Gateway samples, token workflows and queue agents all end up in this one form (pad
+    it with `trainer.backend.pad_sequences`): per token `input_ids`, `loss_mask`,
+    `logprobs`, `versions`, `token_returns`; per sequence `returns`, `temperature` and
+    `group`; over the numeric keys a workflow returned itself (`Episode.raw`).
+    """
+    return [
+        _sequence(sample, ep.raw[i] if ep.raw else {}, ep.group)
+        for ep in episodes
+        for i, sample in enumerate(ep.samples)
+    ]
+
+
+def _sequence(sample: dict[str, Any], raw: dict[str, Any], group: int) -> Batch:
+    n = len(sample["input_ids"])
+    token_returns = sample.get("token_returns") or [float(sample["returns"])] * n
+    extra = {  # one value per token or per sequence: anything else cannot be batched
+        k: v
+        for k, v in raw.items()
+        if isinstance(v, torch.Tensor) and (v.dim() == 0 or tuple(v.shape) == (n,))
+    }
+    return {
+        **extra,
+        "input_ids": torch.tensor(sample["input_ids"], dtype=torch.long),
+        "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.long),
+        "logprobs": torch.tensor(sample["logprobs"], dtype=torch.float32),
+        "versions": torch.tensor(sample["versions"], dtype=torch.long),
+        "token_returns": torch.tensor(token_returns, dtype=torch.float32),
+        "returns": torch.tensor(float(sample["returns"])),
+        "temperature": torch.tensor(float(sample.get("temperature", 1.0))),
+        "group": torch.tensor(group),
+    }
+
+
+def staleness_stats(batch: Batch, version: int) -> dict[str, float]:
+    """How many versions behind the trained policy each generated token was sampled."""
+    v = batch["versions"][(batch["loss_mask"] > 0) & (batch["versions"] >= 0)]
+    if v.numel() == 0:
+        return {}
+    lags = (version - v).double()
+    return {
+        "staleness_mean": float(lags.mean()),
+        "staleness_max": float(lags.max()),
+        "stale_token_frac": float((lags > 0).double().mean()),
+    }
+
+
+class PPOActor:
+    """GRPO / PPO / REINFORCE, or any registered loss and advantage estimator."""
+
+    def __init__(self, engine: TrainEngine, cfg: TrainConfig) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.advantage = get_advantage(cfg.advantage)
+        self.loss = get_loss(cfg.loss)
+
+    def train(self, batch: Batch, version: int) -> dict[str, float]:
+        """One optimizer step; `version` is the policy version being trained (pre-step)."""
+        mask = batch["loss_mask"] > 0
+        advantages = self.advantage(batch, self.cfg).float() * mask
+        # samples with zero advantage add nothing to the gradient; skip their compute
+        keep = (advantages.abs() > 1e-8).any(dim=1)
+        stats = {"num_samples": float(len(keep)), "num_trained_samples": float(keep.sum())}
+        batch = {**{k: v[keep] for k, v in batch.items()}, "advantages": advantages[keep]}
+        stats.update(staleness_stats(batch, version))
+        if not keep.any():
+            return stats
+        batch["loss_mask"][:, 0] = 0  # nothing predicts a sequence's first token
+        batch["logits_mask"] = predicting_positions(batch["loss_mask"])  # the rest: no LM head
+        stale = stats.get("staleness_max", 0.0) > 0  # a token sampled by older weights
+        stats["prox_recomputed"] = float(stale)
+        self.engine.train()
+        loss_fn = self._loss_fn(stale)
+        return {**stats, **self.engine.train_batch(batch, loss_fn, _trained_tokens)}
+
+    def _loss_fn(self, stale: bool) -> LossFn:
+        def loss_fn(logits: torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            logprobs = next_token_logprobs(logits, mb)
+            if stale:
+                # The proximal policy is the weights at the start of this step, and the
+                # step makes one update: they are the weights this pass runs, so their
+                # logprobs are these, detached (a second, no-grad pass would give the
+                # same numbers).
+                mb = {**mb, "prox_logprobs": logprobs.detach()}
+            loss_sum, stats = self.loss(logprobs, mb, self.cfg)
+            return loss_sum / mb["loss_mask"].sum().clamp(min=1), stats
+
+        return loss_fn
+
+
+def _trained_tokens(mb: Batch) -> torch.Tensor:
+    return mb["loss_mask"].sum()
