@@ -99,13 +99,13 @@ RULES: list[tuple[str, Callable[[list[Frame]], bool]]] = [
     (
         "building the response (openai types: model_construct + model_dump(mode=json))",
         either(
-            in_file("gateway/chat_responses.py", "openai/_models.py"),
-            frame("gateway/serving_", "_response", "_message_model", "_usage"),
+            in_file("/protocol.py", "openai/_models.py"),
+            frame("gateway/entrypoints/", "response", "message_model", "usage"),
         ),
     ),
     (
         "request dict for the record (req.model_dump)",
-        both(frame("gateway/serving_", "create"), in_func("model_dump")),
+        both(frame("gateway/entrypoints/", "prepare"), in_func("model_dump")),
     ),
     (
         "record hand-off on the loop (row dict, pack_ints, queue, future)",
@@ -166,7 +166,7 @@ OWNERS = [  # the library of a sample's deepest frame, for samples no rule claim
         ("fastapi/", "starlette/", "anyio/", "gateway/errors.py"),
         "FastAPI/Starlette request plumbing + middleware (exception wrappers, deps, headers)",
     ),
-    (("gateway/",), "other gateway code (handlers, serving_core, ids)"),
+    (("gateway/",), "other gateway code (handlers, serving core, ids)"),
     (("pydantic/", "openai/"), "pydantic (other)"),
 ]
 EVENT_LOOP = "asyncio event loop (select, callbacks, tasks, thread wake-ups)"
