@@ -9,74 +9,42 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from gateway.config import GatewayConfig
 
 
+# choices a flag takes, from the registries (loaded only when the parser is built)
+def _choices(name: str) -> list[str] | None:
+    if name == "engine":
+        from gateway.inference.registry import INFERENCE_ENGINES
+
+        return sorted(INFERENCE_ENGINES)
+    if name == "tool_parser":
+        from gateway.chat.tool_parsers import TOOL_PARSERS
+
+        return ["auto", *sorted(TOOL_PARSERS)]
+    return None
+
+
+SERVE_DEFAULTS = {"port": 8000, "database": "turnstile.db"}  # `serve` is a long-lived server
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    d = GatewayConfig()
-    p.add_argument(
-        "--host", default=d.host, help="address to bind (non-loopback needs --admin-key)"
-    )
-    p.add_argument("--port", type=int, default=8000, help="0: any free port")
-    p.add_argument("--database", default="turnstile.db", help="SQLite file path or SQLAlchemy URL")
-    p.add_argument(
-        "--admin-key", default=d.admin_key, help="admin key (default: $TURNSTILE_ADMIN_KEY)"
-    )
-    from gateway.inference.registry import INFERENCE_ENGINES
-
-    p.add_argument(
-        "--engine",
-        default=d.engine,
-        choices=sorted(INFERENCE_ENGINES),
-        help="; ".join(f"{s.name}: {s.help}" for s in INFERENCE_ENGINES.values()),
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="local HF folder (default: bundled SmolLM2-135M-Instruct); with --engine sglang, "
-        "the tokenizer and chat template of the model the servers serve",
-    )
-    p.add_argument(
-        "--engine-url",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="sglang: an SGLang server or sglang-router (repeat for several servers: "
-        "each session sticks to one)",
-    )
-    p.add_argument(
-        "--engine-update-url",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="sglang: a server that weight updates go to (repeatable; default: the "
-        "--engine-url servers, or the workers an sglang-router lists)",
-    )
-    p.add_argument(
-        "--engine-max-context",
-        type=int,
-        default=d.engine_max_context,
-        metavar="TOKENS",
-        help="sglang: context length to assume if the servers do not report theirs",
-    )
-    p.add_argument("--served-model-name", default=d.served_model_name)
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
-    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="S")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-pending-requests", type=int, default=d.max_pending_requests)
-    p.add_argument("--max-n", type=int, default=d.max_n)
-    from gateway.chat.tool_parsers import TOOL_PARSERS
-
-    p.add_argument(
-        "--tool-parser",
-        default=d.tool_parser,
-        choices=["auto", *sorted(TOOL_PARSERS)],
-        help="tool-call format to parse (auto: from the model's chat template)",
-    )
+    """One flag per GatewayConfig field, with the field's help."""
+    defaults = GatewayConfig()
+    for f in fields(GatewayConfig):
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        default = SERVE_DEFAULTS.get(f.name, getattr(defaults, f.name))
+        kwargs: dict = {"dest": f.name, "help": f.metadata["help"], "choices": _choices(f.name)}
+        if isinstance(default, list):
+            kwargs.update(action="append", default=[])
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
+            kwargs.update(type=type(default), default=default)
+        else:
+            kwargs.update(default=default)
+        p.add_argument(flag, **kwargs)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -87,26 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = GatewayConfig(
-        host=args.host,
-        port=args.port,
-        database=args.database,
-        admin_key=args.admin_key,
-        engine=args.engine,
-        model=args.model,
-        engine_urls=list(args.engine_url),
-        engine_update_urls=list(args.engine_update_url),
-        engine_max_context=args.engine_max_context,
-        served_model_name=args.served_model_name,
-        device=args.device,
-        max_batch_size=args.max_batch_size,
-        default_max_tokens=args.default_max_tokens,
-        request_timeout_s=args.request_timeout,
-        max_body_bytes=args.max_body_bytes,
-        max_pending_requests=args.max_pending_requests,
-        max_n=args.max_n,
-        tool_parser=args.tool_parser,
-    )
+    cfg = GatewayConfig(**{f.name: getattr(args, f.name) for f in fields(GatewayConfig)})
     from gateway.inference.registry import make_inference_engine
 
     try:  # a configuration the engine cannot start from is the user's error

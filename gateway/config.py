@@ -1,41 +1,66 @@
-"""Gateway settings (CLI flags and the trainer's YAML both end up here)."""
+"""Gateway settings. `turnstile serve` makes one flag per field (with its `help`), and
+the trainer's `gateway:` YAML section is this same dataclass."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
+
+
+def _field(default: Any, help: str, *, flag: str | None = None) -> Any:
+    """A setting: its default, what it means, and its CLI flag when not --<name>."""
+    meta = {"help": help, "flag": flag}
+    if isinstance(default, list) or callable(default):
+        factory = default if callable(default) else list
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class GatewayConfig:
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: any free port (`turnstile serve` defaults to 8000)
-    # a file path (SQLite) or a SQLAlchemy URL; None: turnstile.db here (serve) or
-    # <run_dir>/sessions.db (training)
-    database: str | None = None
-    admin_key: str | None = field(
-        default_factory=lambda: os.environ.get("TURNSTILE_ADMIN_KEY") or None
+    host: str = _field("127.0.0.1", "address to bind (non-loopback needs an admin key)")
+    port: int = _field(0, "port; 0: any free one (`turnstile serve` defaults to 8000)")
+    database: str | None = _field(
+        None,
+        "SQLite file path or SQLAlchemy URL; none: turnstile.db here (serve) or "
+        "<run_dir>/sessions.db (training)",
     )
-    engine: str = "embedded"  # embedded | sglang | fake
-    # None = bundled SmolLM2-135M-Instruct; or a local HF folder. With sglang, the
-    # tokenizer and chat template (the gateway renders prompts itself): the same model
-    # the SGLang servers serve.
-    model: str | None = None
-    # sglang: one URL (a server, or an sglang-router) or several (sticky per session)
-    engine_urls: list[str] = field(default_factory=list)
-    # sglang: the servers weight updates go to; default: each engine URL, or the
-    # workers an sglang-router lists
-    engine_update_urls: list[str] = field(default_factory=list)
-    # sglang: context length to assume when the servers do not report theirs
-    engine_max_context: int = 4096
-    served_model_name: str = "default"
-    device: str = "cpu"
-    max_batch_size: int = 32
-    default_max_tokens: int = 512
-    session_ttl_s: float = 24 * 3600
-    request_timeout_s: float = 600.0  # longest an engine may take for one answer -> 503
-    max_body_bytes: int = 16 * 1024 * 1024  # larger request bodies -> 413
-    max_pending_requests: int = 1024  # choices generating at once; more -> 429
-    max_n: int = 16  # largest `n` (choices per request); more -> 422
-    # tool-call format to parse (gateway/chat/tool_parsers): "auto" = from the template
-    tool_parser: str = "auto"
+    admin_key: str | None = _field(
+        lambda: os.environ.get("TURNSTILE_ADMIN_KEY") or None,
+        "admin key (default: $TURNSTILE_ADMIN_KEY)",
+    )
+    engine: str = _field("embedded", "inference engine (gateway/inference/registry.py)")
+    model: str | None = _field(
+        None,
+        "local HF folder (default: the bundled SmolLM2-135M-Instruct); with an external "
+        "engine, the tokenizer and chat template of the model it serves",
+    )
+    engine_urls: list[str] = _field(
+        [],
+        "an engine server or router (repeat for several: each session sticks to one)",
+        flag="--engine-url",
+    )
+    engine_update_urls: list[str] = _field(
+        [],
+        "a server that weight updates go to (repeatable; default: the --engine-url "
+        "servers, or the workers a router lists)",
+        flag="--engine-update-url",
+    )
+    engine_max_context: int = _field(
+        4096, "context length to assume when the engine servers do not report theirs"
+    )
+    served_model_name: str = _field("default", "the model name /v1/models reports")
+    device: str = _field("cpu", "torch device of the embedded engine")
+    max_batch_size: int = _field(32, "most requests the embedded engine decodes together")
+    default_max_tokens: int = _field(512, "answer length when a request sets none")
+    session_ttl_s: float = _field(24 * 3600, "longest a session key lives, seconds")
+    request_timeout_s: float = _field(
+        600.0, "longest an engine may take for one answer (then 503)", flag="--request-timeout"
+    )
+    max_body_bytes: int = _field(16 * 1024 * 1024, "larger request bodies get a 413")
+    max_pending_requests: int = _field(1024, "choices generating at once; more get a 429")
+    max_n: int = _field(16, "largest `n` (choices per request); more get a 422")
+    tool_parser: str = _field(
+        "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"
+    )

@@ -384,7 +384,7 @@ def test_serve_cli_requires_an_engine_url():
     with pytest.raises(SystemExit, match="--engine-url"):
         cmd_serve(args)
     args = parser.parse_args(["--engine", "sglang", "--engine-url", "u1", "--engine-url", "u2"])
-    assert args.engine_url == ["u1", "u2"]
+    assert args.engine_urls == ["u1", "u2"]
 
 
 # ---- through the gateway -----------------------------------------------------------------

@@ -1,8 +1,7 @@
-"""What every OpenAI endpoint shares: one choice, from prompt token ids to durable record.
+"""The steps every endpoint's template (serving/endpoint.py) is built from.
 
-An endpoint (chat completions; plain completions and responses can reuse this) turns
-its request into a `Turn` (prompt ids, sampling params, stop strings, parent, one
-completion id per choice) and then, for each choice:
+A request becomes a `Turn` (prompt ids, sampling params, stop strings, parent, one
+completion id per choice); then, for each choice:
 
 1. `generate(turn, index)` calls the engine under a deadline (failures -> 503),
    streams text as it becomes final and cuts it at stop strings;
@@ -10,8 +9,8 @@ completion id per choice) and then, for each choice:
    keeps going when the client has already left.
 
 Around that: `admit` (429 when too much is generating), `find_parent` (the earlier
-turn this request continues), and `track` / `original_of` (a client retry of a
-request is answered from the original's record instead of becoming a second sample).
+turn this request continues), and `track` / `replay_of` (a client retry of a request
+is answered from the original's record instead of becoming a second sample).
 """
 
 from __future__ import annotations
@@ -217,27 +216,17 @@ class ServingCore:
     async def replay_of(
         self, session_id: str, body_hash: str | None, retry_count: int, n: int
     ) -> list[dict[str, Any]] | None:
-        """For a client retry (retry count > 0): the original's recorded choices, if any."""
+        """For a client retry (retry count > 0): the original's recorded choices, if all
+        of them were completed. Waits for the original while it is still generating."""
         if retry_count <= 0 or body_hash is None:
             return None
-        rows = await self.original_of(session_id, body_hash, n)
-        if rows is not None:
-            self.metrics.inc("turnstile_retries_replayed_total")
-        return rows
-
-    async def original_of(
-        self, session_id: str, body_hash: str, n: int
-    ) -> list[dict[str, Any]] | None:
-        """The recorded choices of an earlier request with the same body, if complete.
-
-        Waits for the original when it is still being generated.
-        """
         inflight = self._inflight.get((session_id, body_hash))
         if inflight is not None:
             await asyncio.shield(inflight)
         rows = await run_in_threadpool(self.repo.request_rows, session_id, body_hash, n)
         if not rows or any(r["finish_reason"] == "abort" for r in rows):
             return None
+        self.metrics.inc("turnstile_retries_replayed_total")
         return rows
 
     # ---- generating ------------------------------------------------------------------
