@@ -23,11 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.chat.template import ChatRenderer
-from gateway.inference.model_source import load_tokenizer, resolve_model_dir
-from trainer.llm_api import GenerationHyperparameters
-from trainer.queue_agents import Agent, BundledGenerationOutputs, EnvironmentService, register_agent
-from trainer.workflow import import_file
+from trainer.api import (
+    Agent,
+    BundledGenerationOutputs,
+    ChatRenderer,
+    EnvironmentService,
+    GenerationHyperparameters,
+    import_file,
+    load_tokenizer,
+    register_agent,
+    resolve_model_dir,
+)
 
 # the example task; loading it registers the "math-single-step" environment
 import_file(Path(__file__).with_name("math_task.py"))

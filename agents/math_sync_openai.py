@@ -20,7 +20,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from trainer.workflow import import_file
+from trainer.api import import_file
 
 # the example task, loaded by path like the agent itself (agents/ is not a package)
 math_answer_correct = import_file(Path(__file__).with_name("math_task.py")).math_answer_correct

@@ -27,8 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.agent_env import EnvironmentService
-from trainer.registry import register_env
+from trainer.api import EnvironmentService, register_env
 
 DEFAULT_INSTRUCTION = "Give the final answer as a number at the end."
 # A worked example in the system prompt raised SmolLM2-135M's first-turn accuracy on these

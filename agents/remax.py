@@ -24,13 +24,18 @@ from typing import Any
 
 import torch
 
-from gateway.chat.template import ChatRenderer
-from gateway.inference.model_source import load_tokenizer, resolve_model_dir
-from trainer.backend import DeepSpeedEngine, gather_logprobs
-from trainer.llm_api import GenerationHyperparameters, LLMRequest
-from trainer.rollout_engine import RolloutEngine
-from trainer.workflow import import_file
-from trainer.workflow_api import RolloutWorkflow
+from trainer.api import (
+    ChatRenderer,
+    DeepSpeedEngine,
+    GenerationHyperparameters,
+    LLMRequest,
+    RolloutEngine,
+    RolloutWorkflow,
+    gather_logprobs,
+    import_file,
+    load_tokenizer,
+    resolve_model_dir,
+)
 
 # the example task, loaded by path like the agent itself (agents/ is not a package)
 math_answer_correct = import_file(Path(__file__).with_name("math_task.py")).math_answer_correct

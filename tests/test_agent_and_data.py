@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainer.datasets import load_dataset, load_jsonl
-from trainer.workflow import import_file
+from trainer.loading import import_file
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_TASK = import_file(REPO / "agents" / "math_task.py")  # the example task

@@ -10,10 +10,10 @@ import pytest
 import torch
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
-from trainer.data_order import DataOrder
-from trainer.losses import decoupled_ppo_loss, ppo_clip_loss
-from trainer.rollout import Episode
-from trainer.rollout_controller import RolloutController
+from trainer.algorithm.losses import decoupled_ppo_loss, ppo_clip_loss
+from trainer.rollout.agent_runner import Episode
+from trainer.rollout.controller import RolloutController
+from trainer.rollout.data_order import DataOrder
 
 
 @pytest.fixture(scope="module")

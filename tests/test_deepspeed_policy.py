@@ -6,9 +6,9 @@ import pytest
 import torch
 from trainer_helpers import make_tiny_model
 
+from trainer.algorithm.losses import ppo_clip_loss
+from trainer.backend import next_token_logprobs, pad_sequences, predicting_positions
 from trainer.config import TrainConfig
-from trainer.losses import ppo_clip_loss
-from trainer.packing import pack, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -16,41 +16,38 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     return make_tiny_model(tmp_path_factory.mktemp("tiny"), tokenizer)
 
 
-def _samples() -> list[dict]:
-    return [
+def _batch() -> dict[str, torch.Tensor]:
+    seqs = [
         {
-            "input_ids": [5, 6, 7, 8, 9, 10],
-            "loss_mask": [0, 0, 0, 1, 1, 1],
-            "logprobs": [0.0] * 6,
-            "versions": [-1] * 6,
+            "input_ids": torch.tensor([5, 6, 7, 8, 9, 10]),
+            "loss_mask": torch.tensor([0, 0, 0, 1, 1, 1]),
         },
-        {
-            "input_ids": [11, 12, 13, 14],
-            "loss_mask": [0, 0, 1, 1],
-            "logprobs": [0.0] * 4,
-            "versions": [-1] * 4,
-        },
+        {"input_ids": torch.tensor([11, 12, 13, 14]), "loss_mask": torch.tensor([0, 0, 1, 1])},
     ]
+    for s, advantage in zip(seqs, [1.0, -1.0], strict=True):
+        s["advantages"] = torch.full(s["input_ids"].shape, advantage)
+        s["logits_mask"] = predicting_positions(s["loss_mask"])  # LM head on trained only
+    return pad_sequences(seqs)
+
+
+def _on_policy_ppo(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    logp = next_token_logprobs(logits, mb)
+    loss_sum, _ = ppo_clip_loss(logp, logp.detach(), mb["advantages"], mb["loss_mask"], 0.2)
+    return loss_sum / mb["loss_mask"].sum()
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_every_zero_stage_takes_a_step_and_exports_full_weights(stage, tiny_model_dir) -> None:
-    from trainer.ds_engine import DeepSpeedPolicy
+    from trainer.backend import DeepSpeedEngine
 
-    policy = DeepSpeedPolicy(
+    policy = DeepSpeedEngine(
         tiny_model_dir, TrainConfig(zero_stage=stage, lr=1e-2, micro_batch_tokens=6)
     )
     before = {k: v.clone() for k, v in policy.full_state_dict().items()}
-    batches = pack(_samples(), [1.0, -1.0], max_tokens=6)
-    assert len(batches) == 2  # two micro-batches accumulate into one step
-    with torch.no_grad():
-        for b in batches:
-            b.old_logprobs = token_logprobs(policy.engine, b).detach()
 
-    stats = policy.train_step(
-        batches, lambda lp, mb: ppo_clip_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, 0.2)
-    )
+    stats = policy.train_batch(_batch(), _on_policy_ppo, lambda mb: mb["loss_mask"].sum())
 
+    assert stats["micro_batches"] == 2  # two micro-batches accumulate into one step
     assert stats["trained_tokens"] == 5
     after = policy.full_state_dict()
     assert set(after) == set(before)
@@ -59,7 +56,7 @@ def test_every_zero_stage_takes_a_step_and_exports_full_weights(stage, tiny_mode
 
 
 def test_unknown_zero_stage_is_a_clear_error(tiny_model_dir) -> None:
-    from trainer.ds_engine import DeepSpeedPolicy
+    from trainer.backend import DeepSpeedEngine
 
     with pytest.raises(ValueError, match="zero_stage"):
-        DeepSpeedPolicy(tiny_model_dir, TrainConfig(zero_stage=4))
+        DeepSpeedEngine(tiny_model_dir, TrainConfig(zero_stage=4))

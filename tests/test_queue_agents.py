@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
-from trainer import queue_agents, registry
 from trainer.config import load_config
-from trainer.llm_api import GenerationHyperparameters
-from trainer.queue_agents import (
+from trainer.rollout import queue_agents, registry
+from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.llm_api import GenerationHyperparameters
+from trainer.rollout.queue_agents import (
     Agent,
     BundledGenerationOutputs,
     EnvironmentService,
@@ -24,7 +25,6 @@ from trainer.queue_agents import (
     register_agent,
     register_env,
 )
-from trainer.rollout_engine import RolloutEngine
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_FILE = REPO / "agents" / "math_multi_turn_queue.py"

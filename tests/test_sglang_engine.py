@@ -368,7 +368,9 @@ def test_sglang_engine_needs_urls():
 
     with pytest.raises(ValueError, match="engine-url"):
         make_inference_engine(GatewayConfig(engine="sglang"))
-    engine = make_inference_engine(GatewayConfig(engine="sglang", engine_urls=["a:1", "http://b:2/"]))
+    engine = make_inference_engine(
+        GatewayConfig(engine="sglang", engine_urls=["a:1", "http://b:2/"])
+    )
     assert isinstance(engine, SGLangEngine)
     assert engine.urls == ["http://a:1", "http://b:2"]
 

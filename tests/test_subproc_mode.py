@@ -14,10 +14,10 @@ import httpx
 import pytest
 from gateway_helpers import ADMIN_KEY, admin_headers
 
-from trainer.gateway_client import GatewayAdmin
-from trainer.rollout import Episode, RolloutRunner
-from trainer.subproc import SubprocAgentPool, SubprocPicklingError
-from trainer.workflow import WorkflowError, make_workflow
+from trainer.loading import WorkflowError, make_workflow
+from trainer.rollout.agent_runner import AgentRunner, Episode
+from trainer.rollout.gateway_admin import GatewayAdmin
+from trainer.rollout.subproc import SubprocAgentPool, SubprocPicklingError
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTS = f"{REPO / 'tests' / 'subproc_agents.py'}"
@@ -31,8 +31,8 @@ def pool() -> Iterator[SubprocAgentPool]:
         yield p
 
 
-def _runner(gw: Any, agent: Any, http: httpx.AsyncClient, pool: SubprocAgentPool) -> RolloutRunner:
-    runner = RolloutRunner(
+def _runner(gw: Any, agent: Any, http: httpx.AsyncClient, pool: SubprocAgentPool) -> AgentRunner:
+    runner = AgentRunner(
         GatewayAdmin(gw.url, ADMIN_KEY, http),
         gw.url,
         agent,
@@ -117,9 +117,7 @@ async def test_unpicklable_agent_fails_before_any_session(gateway_factory, cls, 
     agent = make_workflow(f"{AGENTS}:{cls}")
     async with httpx.AsyncClient(timeout=60) as http:
         with pytest.raises(SubprocPicklingError) as info:
-            RolloutRunner(
-                GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url, agent, http, mode="subproc"
-            )
+            AgentRunner(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url, agent, http, mode="subproc")
         assert await _sessions(gw, http) == []
     message = str(info.value)
     assert isinstance(info.value, WorkflowError)
@@ -131,7 +129,7 @@ async def test_unpicklable_agent_fails_before_any_session(gateway_factory, cls, 
 async def test_unpicklable_data_fails_before_its_session(gateway_factory, tmp_path) -> None:
     gw = gateway_factory()
     async with httpx.AsyncClient(timeout=60) as http:
-        runner = RolloutRunner(
+        runner = AgentRunner(
             GatewayAdmin(gw.url, ADMIN_KEY, http),
             gw.url,
             _reporting_agent(tmp_path),
@@ -187,7 +185,7 @@ async def test_a_dying_worker_fails_only_its_episode(gateway_factory, pool, tmp_
 async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
     gw = gateway_factory()
     async with httpx.AsyncClient(timeout=60) as http:
-        runner = RolloutRunner(
+        runner = AgentRunner(
             GatewayAdmin(gw.url, ADMIN_KEY, http),
             gw.url,
             _reporting_agent(tmp_path),
@@ -210,15 +208,15 @@ async def test_mode_and_pool_size_are_checked() -> None:
     async with httpx.AsyncClient() as http:
         admin = GatewayAdmin("http://unused/v1", None, http)
         with pytest.raises(WorkflowError, match="'inline' or 'subproc', got 'thread'"):
-            RolloutRunner(admin, "http://unused/v1", object(), http, mode="thread")
+            AgentRunner(admin, "http://unused/v1", object(), http, mode="thread")
         with pytest.raises(WorkflowError, match="subproc runs `async def run.*object has none"):
-            RolloutRunner(admin, "http://unused/v1", object(), http, mode="subproc")
+            AgentRunner(admin, "http://unused/v1", object(), http, mode="subproc")
         agent = make_workflow(f"{AGENTS}:LockedAgent")
         agent.lock = None
         with pytest.raises(WorkflowError, match="subproc_max_workers must be an integer >= 1"):
-            RolloutRunner(
+            AgentRunner(
                 admin, "http://unused/v1", agent, http, mode="subproc", subproc_max_workers=0
             )
-        inline = RolloutRunner(admin, "http://unused/v1", object(), http)
+        inline = AgentRunner(admin, "http://unused/v1", object(), http)
         assert inline.mode == "inline" and inline._pool is None
         await inline.close()

@@ -14,15 +14,15 @@ import torch
 from gateway.inference.base import SamplingParams
 from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
 from trainer.config import load_config
-from trainer.llm_api import GenerationHyperparameters, LLMRequest
-from trainer.queue_agents import import_file
-from trainer.rollout_engine import (
+from trainer.rollout.engine import (
     ContextTooLongError,
     EmptyPromptError,
     GenerationError,
     RolloutEngine,
 )
-from trainer.workflow_api import RolloutWorkflow, TokenWorkflowRunner, episode_samples
+from trainer.rollout.llm_api import GenerationHyperparameters, LLMRequest
+from trainer.rollout.queue_agents import import_file
+from trainer.rollout.workflow import RolloutWorkflow, TokenWorkflowRunner, episode_samples
 
 REPO = Path(__file__).resolve().parent.parent
 REMAX = import_file(REPO / "agents" / "remax.py")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
 from trainer import Trainer
@@ -159,3 +160,23 @@ def test_training_against_sglang_pushes_each_version_through_disk(tmp_path, tiny
     assert not (tmp_path / "run" / "weights" / "v1").exists()
     metrics = _metrics(result.metrics)
     assert all(m["episode_errors"] == 0 and m["completions"] == 8 for m in metrics)
+
+
+def test_a_loss_registered_outside_the_package_trains(tmp_path, tiny_model) -> None:
+    from safetensors.torch import load_file
+
+    from trainer.algorithm import get_loss
+
+    cfg = _base(
+        tmp_path / "run", tiny_model,
+        imports=[str(REPO / "tests" / "custom_loss.py")],
+        train={"loss": "tallied-reinforce", "advantage": "above-half", "lr": 1e-2},
+    )  # fmt: skip
+    result = Trainer(cfg).train(workflow=RandomRewardAgent, dataset=rows())
+    calls = get_loss("tallied-reinforce").__globals__["CALLS"]  # the file's own list
+    metrics = _metrics(result.metrics)
+    assert calls and sum(calls) == sum(m["trained_tokens"] for m in metrics)
+    assert all(m["tally"] > 0 for m in metrics)  # the loss's own stats reach the metrics
+    before = load_file(tiny_model / "model.safetensors")
+    after = load_file(result.checkpoint / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no weight moved"

@@ -12,16 +12,11 @@ from gateway.samples import NoRewardError, discounted_returns
 from gateway.samples.individual import individual_samples
 from trainer.algorithm import get_advantage
 from trainer.algorithm.losses import ppo_clip_loss, reinforce_loss
-from trainer.backend import (
-    forward_logits,
-    micro_batches,
-    next_token_logprobs,
-    pad_sequences,
-    predicting_positions,
-    split_padded,
-)
+from trainer.backend import next_token_logprobs, pad_sequences, predicting_positions
+from trainer.backend.batches import micro_batches, split_padded
+from trainer.backend.functional import forward_logits
 from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.rollout import RewardShapeError, rewards_from_return
+from trainer.rollout.agent_runner import RewardShapeError, rewards_from_return
 
 
 def _c(cid: str, parent: str | None, reward: float | None, t: float = 0.0) -> dict:

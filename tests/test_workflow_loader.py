@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from trainer.workflow import WorkflowError, load_workflow_class, make_workflow
+from trainer.loading import WorkflowError, load_workflow_class, make_workflow
 
 
 class InlineAgent:
@@ -61,8 +61,8 @@ def test_the_shipped_math_agent_loads() -> None:
         ("nodots", "module.Class"),
         ("no_such_module_xyz.Agent", "cannot import"),
         ("missing/file.py:Agent", "does not exist"),
-        ("trainer.workflow.WorkflowError", "async def run"),
-        ("trainer.workflow.NotThere", "no attribute"),
+        ("trainer.loading.WorkflowError", "async def run"),
+        ("trainer.loading.NotThere", "no attribute"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec: str, message: str) -> None:

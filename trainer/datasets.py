@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.workflow import load_object
+from trainer.loading import load_object
 
 __all__ = ["load_dataset", "load_jsonl"]
 

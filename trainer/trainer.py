@@ -31,13 +31,13 @@ from tqdm.auto import tqdm
 from trainer.algorithm import PPOActor, get_advantage, get_loss, to_sequences
 from trainer.backend import DeepSpeedEngine, distributed, pad_sequences
 from trainer.config import TrainerConfig, load_config
-from trainer.data_order import DataOrder
 from trainer.datasets import load_dataset
+from trainer.loading import WorkflowError, import_files, load_class, make_workflow
 from trainer.malloc import limit_arenas, release_free_memory
-from trainer.rollout import Episode
-from trainer.rollout_controller import RolloutController
+from trainer.rollout.agent_runner import Episode
+from trainer.rollout.controller import RolloutController
+from trainer.rollout.data_order import DataOrder
 from trainer.run_log import RunLog, mean
-from trainer.workflow import WorkflowError, import_files, load_class, make_workflow
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +144,10 @@ class Trainer:
 
     # ---- set-up ----------------------------------------------------------------------
     def _rollout_spec(self, workflow: Any) -> tuple[str, Any]:
-        """('queue', (agent, env)) | ('token', workflow) | ('proxy', agent)."""
+        """('queue', (agent, env)) | ('workflow', workflow) | ('agent', agent)."""
         cfg = self.config
         if cfg.agent:
-            from trainer.queue_agents import make_agent, make_env
+            from trainer.rollout.queue_agents import make_agent, make_env
 
             if workflow is not None or cfg.workflow:
                 raise WorkflowError(
@@ -169,7 +169,7 @@ class Trainer:
             )
         instance = make_workflow(workflow, cfg.workflow_kwargs)
         if asyncio.iscoroutinefunction(getattr(instance, "arun_episode", None)):
-            return "token", instance
+            return "workflow", instance
         from gateway.samples import EXPORT_STYLES
 
         if cfg.rollout.agent.export_style not in EXPORT_STYLES:
@@ -177,7 +177,7 @@ class Trainer:
                 f"rollout.agent.export_style must be one of {sorted(EXPORT_STYLES)}, "
                 f"got {cfg.rollout.agent.export_style!r}"
             )
-        return "proxy", instance
+        return "agent", instance
 
     def _start_gateway(self, model_dir: Path, database: Path, admin_key: str) -> Any:
         from dataclasses import replace
@@ -306,11 +306,11 @@ class Trainer:
 
     def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
         cfg = self.config
-        if kind == "proxy":
-            from trainer.gateway_client import GatewayAdmin
-            from trainer.rollout import RolloutRunner
+        if kind == "agent":
+            from trainer.rollout.agent_runner import AgentRunner
+            from trainer.rollout.gateway_admin import GatewayAdmin
 
-            return RolloutRunner(
+            return AgentRunner(
                 GatewayAdmin(self.gateway.url, admin_key, http),
                 self.gateway.url,
                 agent,
@@ -322,7 +322,7 @@ class Trainer:
                 subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
             )
         from gateway.serving.direct import DirectRecorder
-        from trainer.rollout_engine import RolloutEngine
+        from trainer.rollout.engine import RolloutEngine
 
         # like the gateway (and SGLang), stop at the chat template's end tokens unless
         # a workflow's gconfig names its own
@@ -335,11 +335,11 @@ class Trainer:
                 state.repo, state.recorder, str(cfg.model or "default"), state.config.session_ttl_s
             ),
         )
-        if kind == "token":
-            from trainer.workflow_api import TokenWorkflowRunner
+        if kind == "workflow":
+            from trainer.rollout.workflow import TokenWorkflowRunner
 
             return TokenWorkflowRunner(agent, engine, max_concurrent=cfg.rollout.max_concurrent)
-        from trainer.queue_agents import QueueAgentRunner
+        from trainer.rollout.queue_agents import QueueAgentRunner
 
         queue_agent, env = agent
         return QueueAgentRunner(queue_agent, env, engine, max_concurrent=cfg.rollout.max_concurrent)

@@ -5,18 +5,15 @@ a new advantage estimator one with `@register_advantage("name")`; select them wi
 `train.loss` and `train.advantage` (put the file in the config's `imports:`).
 """
 
-from trainer.algorithm.actor import PPOActor, staleness_stats, to_sequences
-from trainer.algorithm.advantages import ESTIMATORS, get_advantage, register_advantage
-from trainer.algorithm.losses import LOSSES, get_loss, register_loss
+from trainer.algorithm.actor import PPOActor, to_sequences
+from trainer.algorithm.advantages import get_advantage, register_advantage
+from trainer.algorithm.losses import get_loss, register_loss
 
 __all__ = [
-    "ESTIMATORS",
-    "LOSSES",
     "PPOActor",
     "get_advantage",
     "get_loss",
     "register_advantage",
     "register_loss",
-    "staleness_stats",
     "to_sequences",
 ]

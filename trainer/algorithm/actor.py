@@ -20,7 +20,7 @@ from trainer.backend import LossFn, TrainEngine, next_token_logprobs, predicting
 from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
-    from trainer.rollout import Episode
+    from trainer.rollout.agent_runner import Episode
 
 Batch = dict[str, torch.Tensor]
 

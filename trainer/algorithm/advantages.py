@@ -1,15 +1,10 @@
 """Advantage estimators, chosen by name (`train.advantage`): a new one is one function.
 
-    @register_advantage("my-estimator")
-    def my_estimator(batch, cfg):
-        return batch["token_returns"] - batch["returns"].mean()
-
-An estimator gets the padded batch of one step, (B, L) per token and (B,) per sequence:
-`returns` (each sample's scalar return), `token_returns` (each token's own return; the
-scalar return on every token unless a concat export gave per-turn ones), `group` (the
-dataset row it came from), `loss_mask`, and whatever else the samples carried; and the
-`TrainConfig`. It returns the advantage of every token, (B, L); masked tokens are
-ignored. Samples whose trained tokens all have a zero advantage are not trained on.
+`@register_advantage("name") def fn(batch, cfg)` gets one step's padded batch: (B,)
+`returns` and `group` (the dataset row), (B, L) `token_returns` (each token's own
+return: the scalar return unless a concat export gave per-turn ones), `loss_mask`, ...;
+and the `TrainConfig`. It returns every token's advantage (B, L); masked tokens are
+ignored, and samples with no nonzero advantage are not trained on.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Policy-gradient losses, chosen by name (`train.loss`): a new loss is one function.
 
-    @register_loss("my-loss")
-    def my_loss(logprobs, mb, cfg):
-        return -(logprobs * mb["advantages"] * mb["loss_mask"]).sum(), {}
-
-A registered loss gets one packed micro-batch: `logprobs` (T,) of every token under the
-policy being trained, and `mb` with per-token (T,) `input_ids`, `loss_mask`, `logprobs`
-(behaviour), `versions`, `advantages` and, when tokens are stale, `prox_logprobs`; and
-the `TrainConfig`. It returns the SUM over trained tokens and stats to report; the actor
-divides by the number of trained tokens in the whole step, so every token weighs the
-same however the step was split into micro-batches.
+`@register_loss("name") def fn(logprobs, mb, cfg)` gets `logprobs` (T,) of every token
+under the policy being trained, a packed micro-batch `mb` of per-token (T,) tensors
+(`input_ids`, `loss_mask`, behaviour `logprobs`, `versions`, `advantages`, and
+`prox_logprobs` when tokens are stale) and the `TrainConfig`. It returns the SUM over
+trained tokens and stats: the actor divides by the step's trained tokens, so every
+token weighs the same however the step was split into micro-batches.
 """
 
 from __future__ import annotations

@@ -56,16 +56,12 @@ def next_token_logprobs(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> to
     targets = rows + 1
     logits = logits.float()
     if "temperature" in mb:
-        logits = logits / _per_token(mb["temperature"], mb)[targets].unsqueeze(-1)
+        temperature = mb["temperature"]  # per token, or per sequence: repeat it
+        if temperature.shape != ids.shape and "cu_seqlens" in mb:
+            temperature = torch.repeat_interleave(temperature, mb["cu_seqlens"].long().diff())
+        logits = logits / temperature[targets].unsqueeze(-1)
     out = torch.zeros(ids.shape[0], dtype=torch.float32, device=logits.device)
     out = out.index_put((targets,), gather_logprobs(logits, ids[targets]))
     if "cu_seqlens" in mb:  # nothing predicts a sequence's first token
         out[mb["cu_seqlens"][:-1].long()] = 0.0
     return out
-
-
-def _per_token(values: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A per-sequence (n,) value repeated over each sequence's tokens; (T,) as it is."""
-    if values.shape[0] == mb["input_ids"].shape[0] or "cu_seqlens" not in mb:
-        return values
-    return torch.repeat_interleave(values, mb["cu_seqlens"].long().diff())

@@ -1,13 +1,10 @@
 """The training-backend contract, and the one call every algorithm trains through.
 
-An algorithm (the built-in PPO actor, REINFORCE, ReMax, a custom PPO) is a loss
-function over one packed micro-batch plus a weight per micro-batch; the backend owns
-packing, data parallelism, gradient accumulation and the optimizer. The built-in actor
-makes the same `train_batch` call a user's algorithm makes (as AReaL's does), so there
-is one training path. To plug in a whole algorithm, subclass a backend
-(`DeepSpeedEngine`), add a method that calls `self.train_batch(...)`, and name them in
-`train.engine_class` and `train.step_method`; a new loss alone is one registered
-function (`trainer.algorithm.register_loss`).
+An algorithm is a loss over one packed micro-batch plus a weight per micro-batch; the
+backend owns packing, data parallelism, gradient accumulation and the optimizer. The
+built-in actor makes the same `train_batch` call as a user's algorithm (as in AReaL),
+so there is one training path. A whole algorithm of your own: a backend subclass with
+a method calling `self.train_batch` (`train.engine_class`, `train.step_method`).
 """
 
 from __future__ import annotations
@@ -37,16 +34,13 @@ class TrainEngine(abc.ABC):
     ) -> dict[str, float]:
         """One optimizer step on a padded batch (B, L) with an `attention_mask`.
 
-        The batch is unpadded and packed into micro-batches (`trainer.backend.batches`),
-        moved to the model's device, and the step minimises
-        sum_mb loss_fn(logits, mb) * w(mb) / sum_mb w(mb). Stats a loss returns are
-        averaged with the same weights.
-
-        Only the logits a loss reads need the LM head, which matters with a large
-        vocabulary: when the batch holds a per-token bool `logits_mask`, only those
-        positions go through it and `loss_fn` gets their logits, (K, V) in position
-        order; `functional.next_token_logprobs` turns either form into per-token
-        logprobs.
+        The batch is unpadded and packed into micro-batches (`backend/batches.py`) on the
+        model's device; the step minimises sum_mb loss_fn(logits, mb) * w(mb) / sum_mb
+        w(mb), and averages the stats a loss returns with the same weights. With a large
+        vocabulary only the logits a loss reads should pay for the LM head: when the
+        batch holds a per-token bool `logits_mask`, only those positions go through it
+        and `loss_fn` gets their logits, (K, V) in order (`next_token_logprobs` reads
+        either form).
         """
 
     @abc.abstractmethod

@@ -17,7 +17,7 @@ an `attention_mask`) is accepted too; every row becomes one sample of the episod
 episode: no samples, no error.
 
 `TokenWorkflowRunner` runs the workflow `group_size` times per dataset row and turns each
-result into an `Episode` the trainer consumes, exactly like `RolloutRunner` does for
+result into an `Episode` the trainer consumes, exactly like `AgentRunner` does for
 OpenAI-style agents. See `sequence_to_sample` for the sample format.
 """
 
@@ -34,9 +34,9 @@ from typing import Any
 import torch
 
 from trainer.backend.batches import PER_TOKEN_KEYS, SampleError, as_tensor, split_sequences
-from trainer.llm_api import GenerationHyperparameters
-from trainer.rollout import Episode, EpisodeRunner
-from trainer.rollout_engine import RolloutEngine
+from trainer.rollout.agent_runner import Episode, EpisodeRunner
+from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.llm_api import GenerationHyperparameters
 
 __all__ = [
     "PER_TOKEN_KEYS",

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 
 from gateway.reward_values import finite_reward
-from trainer.gateway_client import GatewayAdmin, GatewayRequestError
-from trainer.subproc import SubprocAgentPool, check_picklable
-from trainer.workflow import WorkflowError
+from trainer.loading import WorkflowError
+from trainer.rollout.gateway_admin import GatewayAdmin, GatewayRequestError
+from trainer.rollout.subproc import SubprocAgentPool, check_picklable
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _finite(value: Any, what: str) -> float:
     return number
 
 
-class RolloutRunner(EpisodeRunner):
+class AgentRunner(EpisodeRunner):
     def __init__(
         self,
         admin: GatewayAdmin,

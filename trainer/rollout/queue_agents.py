@@ -38,9 +38,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.agent_env import Agent, EnvironmentService
-from trainer.llm_api import GenerationHyperparameters, LLMRequest, LLMResponse
-from trainer.registry import (
+from trainer.rollout.agent_env import Agent, EnvironmentService
+from trainer.rollout.agent_runner import Episode, EpisodeRunner
+from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.llm_api import GenerationHyperparameters, LLMRequest, LLMResponse
+from trainer.rollout.registry import (
     RegistryError,
     import_file,
     make_agent,
@@ -50,9 +52,7 @@ from trainer.registry import (
     registered_agents,
     registered_envs,
 )
-from trainer.rollout import Episode, EpisodeRunner
-from trainer.rollout_engine import RolloutEngine
-from trainer.workflow_api import SampleError, sequence_to_sample, split_sequences
+from trainer.rollout.workflow import SampleError, sequence_to_sample, split_sequences
 
 __all__ = [
     "Agent",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from trainer.workflow import import_file  # noqa: F401 - part of this module's API
+from trainer.loading import import_file  # noqa: F401 - part of this module's API
 
 if TYPE_CHECKING:
-    from trainer.agent_env import Agent, EnvironmentService
+    from trainer.rollout.agent_env import Agent, EnvironmentService
 
 
 class RegistryError(ValueError):

@@ -10,7 +10,7 @@ Workers are started with "spawn" (never fork: the trainer has torch threads and 
 loop), lazily, at most ``max_workers`` of them. Each worker is its own process with its
 own pipe, so one that dies (``os._exit``, a segfault, the OOM killer) fails only the call
 it was running; the next call starts a fresh worker. Classes from files loaded by
-``trainer.workflow`` ("path/file.py:Class") live in modules with generated names that a
+``trainer.loading`` ("path/file.py:Class") live in modules with generated names that a
 fresh interpreter cannot import, so each call also ships (module name -> file path) for
 those and the worker imports them before unpickling the agent.
 """
@@ -32,7 +32,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-from trainer.workflow import WorkflowError
+from trainer.loading import WorkflowError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ __all__ = [
     "check_picklable",
 ]
 
-# The prefix trainer.workflow gives modules it loads from a file path.
+# The prefix trainer.loading gives modules it loads from a file path.
 FILE_MODULE_PREFIX = "turnstile_workflow_"
 ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY")
 CLOSE_GRACE_S = 2.0
@@ -134,7 +134,7 @@ def _culprit(obj: Any, where: str, depth: int) -> str | None:
 
 
 def file_modules() -> tuple[tuple[str, str], ...]:
-    """(module name, file path) of every agent module trainer.workflow loaded by path."""
+    """(module name, file path) of every agent module trainer.loading loaded by path."""
     out = []
     for name, module in list(sys.modules.items()):
         if name.startswith(FILE_MODULE_PREFIX):

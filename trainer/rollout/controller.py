@@ -19,8 +19,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from trainer.data_order import DataOrder
-from trainer.rollout import Episode
+from trainer.rollout.agent_runner import Episode
+from trainer.rollout.data_order import DataOrder
 
 log = logging.getLogger(__name__)
 
