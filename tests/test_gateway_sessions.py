@@ -14,6 +14,7 @@ from gateway_helpers import (
     assert_error_shape,
     bearer,
     openai_client,
+    read_session,
 )
 
 from gateway.config import GatewayConfig
@@ -263,3 +264,33 @@ def test_public_bind_without_admin_key_is_refused():
 )
 def test_bind_allowed_with_admin_key_or_on_loopback(host, admin_key):
     check_bind_allowed(GatewayConfig(host=host, admin_key=admin_key))  # no SystemExit
+
+
+def test_a_session_can_force_greedy_sampling(fake_gateway, http) -> None:
+    """An evaluation session is greedy whatever temperature the (unchanged) agent asks for,
+    and its records say what was really used."""
+    r = http.post(
+        f"{fake_gateway.url}/sessions",
+        json={"sampling": {"temperature": 0.0}},
+        headers=admin_headers(),
+    )
+    assert r.status_code == 201, r.text
+    sid, key = r.json()["id"], r.json()["api_key"]
+    assert r.json()["sampling"] == {"temperature": 0.0}
+    r = http.post(
+        f"{fake_gateway.url}/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "temperature": 1.5},
+        headers=bearer(key),
+    )
+    assert r.status_code == 200, r.text
+    _, params = fake_gateway.engine.calls[-1]
+    assert params.temperature == 0.0
+    [record] = read_session(fake_gateway, sid)["completions"]
+    assert record["request"]["temperature"] == 0.0
+    assert record["request"]["client_sampling"] == {"temperature": 1.5}
+    bad = http.post(
+        f"{fake_gateway.url}/sessions",
+        json={"sampling": {"temperature": -1}},
+        headers=admin_headers(),
+    )
+    assert_error_shape(bad, 400)

@@ -18,11 +18,20 @@ from gateway.store.repository import SessionInfo
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
+class SessionSampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+
+
 class CreateSessionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ttl_seconds: float = Field(default=24 * 3600, gt=0, le=30 * 24 * 3600)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # forced on every request of the session, whatever the agent asks (e.g. greedy eval)
+    sampling: SessionSampling | None = None
 
 
 def _session_view(info: SessionInfo) -> dict[str, Any]:
@@ -33,6 +42,7 @@ def _session_view(info: SessionInfo) -> dict[str, Any]:
         "ended_at": info.ended_at,
         "status": "ended" if info.ended else ("expired" if info.expired() else "active"),
         "metadata": info.meta,
+        "sampling": info.sampling,
     }
 
 
@@ -67,7 +77,12 @@ async def create_session(
         else state.config.session_ttl_s
     )
     info = await run_in_threadpool(
-        state.repo.create_session, session_id, hash_key(key), ttl, body.metadata
+        state.repo.create_session,
+        session_id,
+        hash_key(key),
+        ttl,
+        body.metadata,
+        body.sampling.model_dump(exclude_none=True) if body.sampling else None,
     )
     state.keys.remember(key, info)
     state.metrics.inc("turnstile_sessions_created_total")

@@ -163,6 +163,14 @@ class ServingCore:
             top_logprobs=top_logprobs,
         )
 
+    @staticmethod
+    def force_sampling(turn: Turn, forced: dict[str, Any]) -> None:
+        """The session's own sampling settings win over the request's; the record says
+        what was used (its request keeps the client's values under `client_sampling`)."""
+        turn.params = replace(turn.params, **forced)
+        asked = {k: turn.request.get(k) for k in forced}
+        turn.request = {**turn.request, **forced, "client_sampling": asked}
+
     def find_parent(self, session_id: str, hashes: list[str]) -> Parent | None:
         """The latest recorded answer whose (request + answer) hash is in `hashes`."""
         for h in hashes:

@@ -110,6 +110,9 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         if rows is not None:
             return self.replay(req, rows)
         p = await self.prepare(req, session, retry.body_hash)
+        if session.sampling:
+            for turn in p.turns:
+                self.core.force_sampling(turn, session.sampling)
         admission = self.core.admit(n)
         tracked = self.core.track(session.id, retry.body_hash)
         if p.stream:

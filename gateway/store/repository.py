@@ -23,6 +23,7 @@ class SessionInfo:
     ended_at: float | None
     meta: dict[str, Any]
     created_at: float
+    sampling: dict[str, Any] | None = None  # forced on every request of the session
 
     @property
     def ended(self) -> bool:
@@ -38,7 +39,12 @@ class Repository:
 
     # ---- sessions --------------------------------------------------------------------
     def create_session(
-        self, session_id: str, key_hash: str, ttl_s: float, meta: dict[str, Any]
+        self,
+        session_id: str,
+        key_hash: str,
+        ttl_s: float,
+        meta: dict[str, Any],
+        sampling: dict[str, Any] | None = None,
     ) -> SessionInfo:
         now = time.time()
         row = dict(
@@ -48,10 +54,11 @@ class Repository:
             expires_at=now + ttl_s,
             ended_at=None,
             metadata=meta,
+            sampling=sampling,
         )
         with self.engine.begin() as conn:
             conn.execute(SessionRow.__table__.insert(), [row])
-        return SessionInfo(session_id, now + ttl_s, None, meta, now)
+        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling)
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
         table = SessionRow.__table__
@@ -203,7 +210,12 @@ class Repository:
 def _row_info(row: Any) -> SessionInfo:
     m = row._mapping
     return SessionInfo(
-        m["id"], m["expires_at"], m["ended_at"], dict(m["metadata"] or {}), m["created_at"]
+        m["id"],
+        m["expires_at"],
+        m["ended_at"],
+        dict(m["metadata"] or {}),
+        m["created_at"],
+        m["sampling"],
     )
 
 

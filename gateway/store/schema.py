@@ -21,6 +21,8 @@ class SessionRow(Base):
     expires_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    # sampling settings forced on every request of the session (e.g. greedy evaluation)
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class CompletionRow(Base):
