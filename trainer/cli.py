@@ -21,6 +21,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if args.time_budget is not None:
+        config.time_budget_s = args.time_budget * 60
     result = Trainer(config).train(workflow=args.workflow)
     from trainer.backend.distributed import is_main
 
@@ -40,6 +42,42 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(
         f"mean reward: first steps {fmt(result.first_reward)} -> last steps {fmt(result.last_reward)}"
     )
+    if result.stopped_early:
+        print(f"time budget       reached: stopped at policy version {result.policy_version}")
+    if result.evals:
+        print(f"held-out eval     {result.run_dir / 'eval.jsonl'}")
+        for e in result.evals:
+            print(f"  after {e['step']:>3} steps: {_eval_line(e)}")
+        first, last = result.evals[0], result.evals[-1]
+        if len(result.evals) > 1:
+            gain = last["accuracy"] - first["accuracy"]
+            separate = last["accuracy_ci"][0] > first["accuracy_ci"][1]
+            verdict = "the 95% intervals do not overlap" if separate else "the intervals overlap"
+            print(f"held-out accuracy {gain:+.3f} ({verdict})")
+    return 0
+
+
+def _eval_line(e: dict) -> str:
+    lo, hi = e["accuracy_ci"]
+    rlo, rhi = e["reward_ci"]
+    return (
+        f"accuracy {e['accuracy']:.3f} [{lo:.3f}, {hi:.3f}], "
+        f"mean reward {e['reward_mean']:.3f} [{rlo:.3f}, {rhi:.3f}] (n={e['n']})"
+    )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from trainer.config import ConfigError, load_config
+    from trainer.trainer import Trainer
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    result = Trainer(config).evaluate(workflow=args.workflow, checkpoint=args.checkpoint)
+    print(f"{args.checkpoint or 'base model'}: {_eval_line(result.to_dict())}")
     return 0
 
 
@@ -65,8 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a workflow from a YAML config")
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--workflow", help="overrides `workflow` in the config")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="MIN",
+        help="stop training in time for the final evaluation within MIN minutes "
+        "(overrides time_budget_s)",
+    )
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=1e-6")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a model on the config's held-out set (greedy)")
+    p.add_argument("--config", required=True, help="YAML config file (its `eval:` section)")
+    p.add_argument("--checkpoint", help="a Hugging Face folder (default: the config's model)")
+    p.add_argument("--workflow", help="overrides `workflow` in the config")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. eval.size=128")
+    p.set_defaults(func=cmd_eval)
     return parser
 
 

@@ -56,6 +56,24 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation (trainer/evaluation.py); off while `dataset` is empty."""
+
+    # held-out rows, in the same forms as the top-level `dataset`; rows that are also
+    # training prompts are dropped
+    dataset: dict[str, Any] = field(default_factory=dict)
+    size: int = 64  # rows evaluated
+    every: int = 0  # also every N steps; 0: before and after training only
+    before: bool = True  # evaluate the starting policy before the first step
+    success_reward: float = 1.0  # an episode at or above this reward counts as accurate
+    temperature: float = 0.0  # forced on every eval request (0: greedy)
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.every < 0:
+            raise ConfigError(f"eval.size must be >= 1 and eval.every >= 0; got {self}")
+
+
+@dataclass
 class TrainerConfig:
     experiment_name: str = "turnstile"
     run_dir: str = "runs/turnstile"
@@ -68,6 +86,10 @@ class TrainerConfig:
     # {type: jsonl, path: ...} or {type: python, function: "file.py:fn", ...} (datasets.py)
     dataset: dict[str, Any] = field(default_factory=dict)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # stop training when the next step (and the final evaluation) would not fit in
+    # this many seconds of wall-clock; 0: no budget
+    time_budget_s: float = 0.0
     # the gateway the agents talk to (gateway/config.py); `model` and `device` are the
     # trainer's own, `database` defaults to <run_dir>/sessions.db
     gateway: GatewayConfig = field(default_factory=GatewayConfig)

@@ -1,5 +1,6 @@
-"""What a run leaves behind: metrics.jsonl (one line a step), TensorBoard events, and a
-reward-curve PNG. A resumed run keeps the rows of the steps it already made."""
+"""What a run leaves behind: metrics.jsonl (one line a step), eval.jsonl (held-out
+evaluations), TensorBoard events, and a reward-curve PNG. A resumed run keeps the rows
+of the steps it already made."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ class RunLog:
         """`start_step`: steps already made (resume); rows after it are dropped."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.eval_path = run_dir / "eval.jsonl"
+        self.evals: list[dict[str, Any]] = []
         self.tensorboard_dir = run_dir / "tensorboard"
         self.rows: list[dict[str, Any]] = []
         if start_step and self.metrics_path.exists():
@@ -21,6 +24,13 @@ class RunLog:
                 if row.get("step", 0) <= start_step:
                     self.rows.append(row)
         self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        if start_step and self.eval_path.exists():
+            self.evals = [
+                e
+                for e in map(json.loads, self.eval_path.read_text().splitlines())
+                if e["step"] <= start_step
+            ]
+        self.eval_path.write_text("".join(json.dumps(e) + "\n" for e in self.evals))
         self._writer = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -39,6 +49,16 @@ class RunLog:
             for key, value in row.items():
                 if key != "step" and isinstance(value, (int, float)) and value is not None:
                     self._writer.add_scalar(_tag(key), float(value), step)
+            self._writer.flush()
+
+    def append_eval(self, row: dict[str, Any]) -> None:
+        """One held-out evaluation (trainer/evaluation.py EvalResult.to_dict())."""
+        self.evals.append(row)
+        with self.eval_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._writer is not None:
+            for key in ("accuracy", "reward_mean"):
+                self._writer.add_scalar(f"eval/{key}", float(row[key]), int(row["step"]))
             self._writer.flush()
 
     def close(self) -> None:
@@ -64,8 +84,19 @@ class RunLog:
                 for i in range(len(rewards))
             ]
             ax.plot(steps, smooth, lw=2.2, label=f"{k}-step moving average")
+        if self.evals:  # held-out, greedy: the figure that shows learning
+            xs = [e["step"] for e in self.evals]
+            acc = [e["accuracy"] for e in self.evals]
+            err = [
+                [a - e["accuracy_ci"][0] for a, e in zip(acc, self.evals, strict=True)],
+                [e["accuracy_ci"][1] - a for a, e in zip(acc, self.evals, strict=True)],
+            ]
+            ax.errorbar(
+                xs, acc, yerr=err, fmt="s", color="black", capsize=4, ms=6,
+                label="held-out accuracy (greedy, 95% CI)",
+            )  # fmt: skip
         ax.set_xlabel("training step (policy version)")
-        ax.set_ylabel("mean episode reward")
+        ax.set_ylabel("reward / accuracy")
         ax.set_title(self.run_dir.name)
         ax.grid(alpha=0.3)
         ax.legend()

@@ -20,7 +20,7 @@ import logging
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ class TrainResult:
     last_reward: float | None
     policy_version: int
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
+    evals: list[dict[str, Any]] = field(default_factory=list)  # held-out, in step order
+    stopped_early: bool = False  # the time budget ended training before total_steps
 
 
 class Trainer:
@@ -67,6 +69,7 @@ class Trainer:
         self.gateway: Any = None  # gateway.server.BackgroundGateway on rank 0
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
+        self._stopped_early = False
 
     # ---- public ----------------------------------------------------------------------
     def train(
@@ -83,6 +86,7 @@ class Trainer:
         rows = dataset if dataset is not None else load_dataset(cfg.dataset)
         if not rows:
             raise ValueError("the dataset is empty")
+        eval_rows = self._eval_rows(kind, rows)
         order = DataOrder(len(rows), cfg.seed)
         run_dir = Path(cfg.run_dir)
         main = distributed.is_main()
@@ -108,7 +112,9 @@ class Trainer:
             if main:
                 runlog = RunLog(run_dir, start_step=start_step, tensorboard=cfg.tensorboard)
                 asyncio.run(
-                    self._main_loop(kind, agent, rows, order, admin_key, runlog, start_step)
+                    self._main_loop(
+                        kind, agent, rows, order, admin_key, runlog, start_step, eval_rows
+                    )
                 )
             else:
                 self._follower_loop()
@@ -140,9 +146,65 @@ class Trainer:
             mean([r for r in rewards[-k:] if r is not None]),
             self.version,
             start_step,
+            list(runlog.evals),
+            self._stopped_early,
         )
 
+    def evaluate(self, workflow: Any = None, checkpoint: str | Path | None = None) -> Any:
+        """The held-out evaluation alone, of `checkpoint` (a HF folder) or of `model`.
+
+        Needs no DeepSpeed: only the gateway and the agent. Writes
+        `<run_dir>/eval-<checkpoint name or "base">.json` and returns the EvalResult.
+        """
+        import json
+
+        from gateway.inference.model_source import resolve_model_dir
+
+        cfg = self.config
+        import_files(cfg.imports)
+        kind, agent = self._rollout_spec(workflow)
+        train_rows = load_dataset(cfg.dataset) if cfg.dataset else []
+        rows = self._eval_rows(kind, train_rows)
+        if not rows:
+            raise ValueError("eval.dataset is not set: name a held-out set to evaluate on")
+        run_dir = Path(cfg.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        model_dir = Path(checkpoint) if checkpoint else resolve_model_dir(cfg.model)
+        admin_key = secrets.token_urlsafe(24)
+        database = Path(cfg.gateway.database or run_dir / "sessions.db")
+        self.gateway = self._start_gateway(model_dir, database, admin_key)
+
+        async def run() -> Any:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as http:
+                evaluator = self._make_evaluator(agent, admin_key, http, rows)
+                try:
+                    return await evaluator.run(0, self.gateway.engine.version)
+                finally:
+                    await evaluator.runner.close()
+
+        try:
+            result = asyncio.run(run())
+        finally:
+            self.gateway.stop()
+        label = Path(checkpoint).name if checkpoint else "base"
+        out = run_dir / f"eval-{label}.json"
+        out.write_text(json.dumps({"model": str(model_dir), **result.to_dict()}, indent=2))
+        return result
+
     # ---- set-up ----------------------------------------------------------------------
+    def _eval_rows(self, kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The held-out rows (none when evaluation is off)."""
+        if not self.config.eval.dataset:
+            return []
+        if kind != "agent":
+            raise ValueError(
+                "eval: held-out evaluation runs agents through the gateway "
+                "(`async def run(data, **extra_kwargs)`); this run has a token-level or queue agent"
+            )
+        from trainer.evaluation import held_out_rows
+
+        return held_out_rows(self.config.eval, rows)
+
     def _rollout_spec(self, workflow: Any) -> tuple[str, Any]:
         """('queue', (agent, env)) | ('workflow', workflow) | ('agent', agent)."""
         cfg = self.config
@@ -249,8 +311,10 @@ class Trainer:
         admin_key: str,
         runlog: RunLog,
         start_step: int,
+        eval_rows: list[dict[str, Any]],
     ) -> None:
         cfg = self.config
+        started = time.perf_counter()
         # One thread for all training work: one allocator arena, not one per step.
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train")
         loop = asyncio.get_running_loop()
@@ -260,6 +324,19 @@ class Trainer:
         )
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
             runner = self._make_runner(kind, agent, admin_key, http)
+            evaluator = self._make_evaluator(agent, admin_key, http, eval_rows)
+
+            async def evaluate(steps_done: int) -> None:
+                if evaluator is None:
+                    return
+                result = await evaluator.run(steps_done, self.version)
+                if result is None:
+                    return
+                runlog.append_eval(result.to_dict())
+                tqdm.write(f"held-out eval after {steps_done} steps: {result.summary()}")
+
+            if evaluator is not None and evaluator.due(start_step):
+                await evaluate(start_step)
             controller = RolloutController(
                 runner.run_group,
                 rows,
@@ -274,8 +351,16 @@ class Trainer:
                 total=cfg.total_steps, initial=start_step, desc="training", unit="step",
                 dynamic_ncols=True,
             )  # fmt: skip
+            step_times: list[float] = []
             try:
                 for step in range(start_step, cfg.total_steps):
+                    if self._over_budget(started, step_times, evaluator):
+                        self._stopped_early = True
+                        tqdm.write(
+                            f"time budget ({cfg.time_budget_s:.0f} s) reached: stopping "
+                            f"after {step} steps for the final evaluation"
+                        )
+                        break
                     t0 = time.perf_counter()
                     groups = await controller.next_batch()
                     wait_s = time.perf_counter() - t0
@@ -288,21 +373,60 @@ class Trainer:
                         sorted(order.row(g) for g, _ in groups),
                     )  # fmt: skip
                     runlog.append(row)
+                    step_times.append(row["step_s"])
                     bar.update(1)
                     bar.set_postfix(
                         reward="n/a" if row["reward_mean"] is None else f"{row['reward_mean']:.3f}",
                         tokens=int(row.get("trained_tokens", 0)),
                     )
+                    if evaluator is not None and evaluator.due(step + 1):
+                        await evaluate(step + 1)
+                await controller.stop()  # the final evaluation has the engine to itself
+                await evaluate(start_step + len(step_times))
             finally:
                 bar.close()
                 await controller.stop()
-                close = getattr(runner, "close", None)
-                if close is not None:
-                    result = close()
-                    if asyncio.iscoroutine(result):
-                        await result
+                for r in (runner, evaluator and evaluator.runner):
+                    close = getattr(r, "close", None)
+                    if close is not None:
+                        result = close()
+                        if asyncio.iscoroutine(result):
+                            await result
                 await loop.run_in_executor(train_thread, self._train_step, {"stop": True})
                 train_thread.shutdown()
+
+    def _over_budget(self, started: float, step_times: list[float], evaluator: Any) -> bool:
+        """Would one more step, then the final evaluation, overrun `time_budget_s`?"""
+        budget = self.config.time_budget_s
+        if not budget or not step_times:
+            return False
+        step_s = sum(step_times[-3:]) / len(step_times[-3:])
+        final_eval_s = evaluator.last_seconds if evaluator is not None else 0.0
+        return time.perf_counter() - started + step_s + final_eval_s > budget
+
+    def _make_evaluator(
+        self, agent: Any, admin_key: str, http: httpx.AsyncClient, rows: list[dict[str, Any]]
+    ) -> Any:
+        if not rows:
+            return None
+        from trainer.evaluation import Evaluator
+        from trainer.rollout.agent_runner import AgentRunner
+        from trainer.rollout.gateway_admin import GatewayAdmin
+
+        cfg = self.config
+        runner = AgentRunner(
+            GatewayAdmin(self.gateway.url, admin_key, http),
+            self.gateway.url,
+            agent,
+            http,
+            max_concurrent=cfg.rollout.max_concurrent,
+            mode=cfg.rollout.agent.mode,
+            subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
+            session_metadata={"eval": True},
+            sampling={"temperature": cfg.eval.temperature},
+            export=False,
+        )
+        return Evaluator(cfg.eval, rows, runner)
 
     def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
         cfg = self.config

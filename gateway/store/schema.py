@@ -22,7 +22,7 @@ class SessionRow(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     # sampling settings forced on every request of the session (e.g. greedy evaluation)
-    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
 
 class CompletionRow(Base):

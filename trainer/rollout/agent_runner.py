@@ -101,7 +101,12 @@ class AgentRunner(EpisodeRunner):
         max_concurrent: int = 64,
         mode: str = "inline",
         subproc_max_workers: int = 4,
+        session_metadata: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
+        export: bool = True,
     ) -> None:
+        """`session_metadata` and `sampling` go to every session it opens (an evaluation
+        forces greedy sampling); `export=False` skips turning sessions into samples."""
         if mode not in ("inline", "subproc"):
             raise WorkflowError(f"rollout.agent.mode must be 'inline' or 'subproc', got {mode!r}")
         self.mode = mode
@@ -120,13 +125,18 @@ class AgentRunner(EpisodeRunner):
         self.http_client = http_client
         self.export_style = export_style
         self.turn_discount = turn_discount
+        self.session_metadata = session_metadata or {}
+        self.sampling = sampling
+        self.export = export
         super().__init__(max_concurrent)
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:
             if self._pool is not None:
                 check_picklable(data, "data")
-            session_id, api_key = await self.admin.create_session({"group": group})
+            session_id, api_key = await self.admin.create_session(
+                {**self.session_metadata, "group": group}, self.sampling
+            )
             ep = Episode(group=group, session_id=session_id)
             try:
                 if self._pool is not None:  # a worker process; URL and key via its env
@@ -156,7 +166,7 @@ class AgentRunner(EpisodeRunner):
                     ep.reward = sum(rewards.values())
                 await self.admin.set_rewards(rewards)
                 await self.admin.end_session(session_id)
-                if not completions:
+                if not completions or not self.export:
                     return ep
                 ep.samples = await self.admin.export(
                     session_id, self.export_style, self.turn_discount

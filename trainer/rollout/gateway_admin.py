@@ -34,8 +34,13 @@ class GatewayAdmin:
             raise GatewayRequestError(f"{method} {path} -> {resp.status_code} {message}")
         return resp.json()
 
-    async def create_session(self, metadata: dict[str, Any] | None = None) -> tuple[str, str]:
-        body = await self._call("POST", "/sessions", json={"metadata": metadata or {}})
+    async def create_session(
+        self, metadata: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None
+    ) -> tuple[str, str]:
+        request: dict[str, Any] = {"metadata": metadata or {}}
+        if sampling:
+            request["sampling"] = sampling
+        body = await self._call("POST", "/sessions", json=request)
         return body["id"], body["api_key"]
 
     async def session(self, session_id: str) -> dict[str, Any]:
