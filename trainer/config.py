@@ -67,6 +67,9 @@ class EvalConfig:
     before: bool = True  # evaluate the starting policy before the first step
     success_reward: float = 1.0  # an episode at or above this reward counts as accurate
     temperature: float = 0.0  # forced on every eval request (0: greedy)
+    # the agent's constructor arguments for evaluation, over `workflow_kwargs` (e.g. one
+    # turn where accuracy is "right on the first try")
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.every < 0:
@@ -90,6 +93,9 @@ class TrainerConfig:
     # stop training when the next step (and the final evaluation) would not fit in
     # this many seconds of wall-clock; 0: no budget
     time_budget_s: float = 0.0
+    # {probe_s, step_s, eval_s} measured on a reference machine: with them the run
+    # times a short forward+backward here and prints how long it should take
+    time_estimate: dict[str, float] = field(default_factory=dict)
     # the gateway the agents talk to (gateway/config.py); `model` and `device` are the
     # trainer's own, `database` defaults to <run_dir>/sessions.db
     gateway: GatewayConfig = field(default_factory=GatewayConfig)

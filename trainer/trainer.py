@@ -110,6 +110,7 @@ class Trainer:
             self.policy = self._make_policy(model_dir)
             start_step = self._resume(order)
             if main:
+                self._announce_estimate(start_step, bool(eval_rows))
                 runlog = RunLog(run_dir, start_step=start_step, tensorboard=cfg.tensorboard)
                 asyncio.run(
                     self._main_loop(
@@ -395,6 +396,31 @@ class Trainer:
                 await loop.run_in_executor(train_thread, self._train_step, {"stop": True})
                 train_thread.shutdown()
 
+    def _announce_estimate(self, start_step: int, evaluating: bool) -> None:
+        """Time a short forward+backward and say how long the run should take here."""
+        cfg = self.config
+        if not cfg.time_estimate or cfg.train.zero_stage == 3:
+            return
+        from trainer.machine_probe import estimate, probe_seconds
+
+        probe_s = probe_seconds(self.policy.module)
+        est = estimate(probe_s, cfg.time_estimate)
+        if est is None:
+            return
+        steps = cfg.total_steps - start_step
+        evals = (1 + int(cfg.eval.before)) if evaluating else 0
+        if evaluating and cfg.eval.every:
+            evals += steps // cfg.eval.every
+        total = est.total_s(steps, evals)
+        line = (
+            f"machine probe: {probe_s:.2f} s per fwd+bwd of 256 tokens, {est.slowdown:.1f}x the "
+            f"reference machine; estimated {total / 60:.0f} min for {steps} steps"
+            + (f" and {evals} evaluations" if evals else "")
+        )
+        if cfg.time_budget_s and total > cfg.time_budget_s:
+            line += f"; the {cfg.time_budget_s / 60:.0f} min budget will end it sooner"
+        print(line, flush=True)
+
     def _over_budget(self, started: float, step_times: list[float], evaluator: Any) -> bool:
         """Would one more step, then the final evaluation, overrun `time_budget_s`?"""
         budget = self.config.time_budget_s
@@ -414,6 +440,8 @@ class Trainer:
         from trainer.rollout.gateway_admin import GatewayAdmin
 
         cfg = self.config
+        if cfg.eval.workflow_kwargs:
+            agent = make_workflow(type(agent), {**cfg.workflow_kwargs, **cfg.eval.workflow_kwargs})
         runner = AgentRunner(
             GatewayAdmin(self.gateway.url, admin_key, http),
             self.gateway.url,
