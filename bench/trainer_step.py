@@ -1,0 +1,125 @@
+"""One trainer step against a bare PyTorch fwd+bwd+AdamW step on the same packed tokens.
+
+The trainer's step is the path `turnstile train` runs: `PPOActor.train` (advantages,
+the batch, proximal logprobs when stale) calling `DeepSpeedEngine.train_batch` (packing,
+the registered loss, DeepSpeed's backward and step). The reference is what a person
+would write by hand: the same model in fp32, the same packed sequences with
+`position_ids`, logprobs of the trained tokens only, a policy-gradient loss, backward,
+`torch.optim.AdamW.step()`. Steps alternate (order flipped each round) so that the
+machine's background load hits both alike; the ratio of medians is the figure.
+
+Usage: .venv/bin/python bench/trainer_step.py [--rounds 5] [--seqs 4] [--tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+import torch
+
+os.environ.setdefault("MASTER_PORT", "29541")
+
+
+def samples(n_seqs: int, tokens: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    prompt = tokens // 4
+    return [
+        {
+            "input_ids": [rng.randrange(100, 49000) for _ in range(tokens)],
+            "loss_mask": [0] * prompt + [1] * (tokens - prompt),
+            "logprobs": [0.0] * prompt + [-2.0] * (tokens - prompt),
+            "versions": [-1] * prompt + [0] * (tokens - prompt),
+            "returns": float(i % 2),
+            "temperature": 1.0,
+        }
+        for i in range(n_seqs)
+    ]
+
+
+class BareStep:
+    """The hand-written reference: one packed forward, masked PG loss, AdamW."""
+
+    def __init__(self, model_dir, lr: float, batch: list[dict]) -> None:
+        from gateway.inference.model_source import load_causal_lm
+
+        self.model = load_causal_lm(model_dir, "cpu").float().train()
+        self.model.config.use_cache = False
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        ids = [t for s in batch for t in s["input_ids"]]
+        self.input_ids = torch.tensor([ids])
+        self.position_ids = torch.tensor([[p for s in batch for p in range(len(s["input_ids"]))]])
+        mask = torch.tensor([m for s in batch for m in s["loss_mask"]], dtype=torch.float32)
+        self.targets = torch.nonzero(mask[1:] > 0).squeeze(1) + 1  # positions trained
+        adv = [s["returns"] - 0.5 for s in batch for _ in s["input_ids"]]
+        self.adv = torch.tensor(adv)[self.targets]
+
+    def step(self) -> float:
+        logits = self.model(
+            input_ids=self.input_ids,
+            position_ids=self.position_ids,
+            logits_to_keep=self.targets - 1,
+        ).logits[0]
+        picked = logits.gather(-1, self.input_ids[0, self.targets][:, None]).squeeze(-1)
+        logp = picked - torch.logsumexp(logits, -1)
+        loss = -(logp * self.adv).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seqs", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=256)
+    args = ap.parse_args()
+
+    from gateway.inference.model_source import resolve_model_dir
+    from trainer.algorithm.actor import PPOActor, to_sequences
+    from trainer.backend import DeepSpeedEngine, pad_sequences
+    from trainer.config import TrainConfig
+    from trainer.rollout.agent_runner import Episode
+
+    torch.manual_seed(0)
+    model_dir = resolve_model_dir(None)
+    batch = samples(args.seqs, args.tokens)
+    cfg = TrainConfig(lr=1e-6, micro_batch_tokens=args.seqs * args.tokens)
+    engine = DeepSpeedEngine(model_dir, cfg)
+    actor = PPOActor(engine, cfg)
+    episodes = [Episode(group=0, session_id=f"s{i}", samples=[s]) for i, s in enumerate(batch)]
+    bare = BareStep(model_dir, 1e-6, batch)
+    steps = {
+        "trainer": lambda: actor.train(pad_sequences(to_sequences(episodes)), version=0),
+        "bare": bare.step,
+    }
+    times: dict[str, list[float]] = {"trainer": [], "bare": []}
+    for r in range(args.rounds + 1):
+        for name in ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer"):
+            t0 = time.perf_counter()
+            steps[name]()
+            if r:  # round 0 warms up
+                times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        json.dumps(
+            {
+                "tokens": args.seqs * args.tokens,
+                "trainer_step_s": round(med["trainer"], 2),
+                "bare_step_s": round(med["bare"], 2),
+                "ratio": round(med["trainer"] / med["bare"], 3),
+                "trainer_steps": [round(t, 2) for t in times["trainer"]],
+                "bare_steps": [round(t, 2) for t in times["bare"]],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
