@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import types
-from typing import Annotated, Any
+from typing import Any
 
 import pytest
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from gateway_helpers import admin_headers, bearer, read_session
 from pydantic import BaseModel
 
@@ -27,13 +27,13 @@ from gateway.chat.tool_parsers import (
     register_tool_parser,
 )
 from gateway.config import GatewayConfig
+from gateway.entrypoints.openai.route import openai_route
 from gateway.inference.fake import FakeEngine
 from gateway.inference.registry import INFERENCE_ENGINES, register_inference_engine
 from gateway.samples import EXPORT_STYLES, Sample, register_export_style
 from gateway.server import BackgroundGateway
 from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared
 from gateway.serving.turn import ChoiceOutput, Turn, choice_ids
-from gateway.state import Retry, Session, serving_of
 
 
 # ---- an endpoint: one serving class + one router, added to gateway.app.ROUTERS -----------
@@ -83,17 +83,7 @@ def _shout_route(router: APIRouter) -> types.ModuleType:
 def test_a_new_endpoint_is_one_serving_class_and_one_route(
     gateway_factory, monkeypatch, new_session, http
 ) -> None:
-    router = APIRouter()
-
-    @router.post("/v1/shout")
-    async def shout_route(
-        body: ShoutRequest,
-        caller: Session,
-        retry: Retry,
-        serving: Annotated[ShoutServing, Depends(serving_of(ShoutServing))],
-    ) -> Any:
-        return await serving.handle_request(body, caller.session, retry)
-
+    router = openai_route("/shout", ShoutRequest, ShoutServing)
     monkeypatch.setattr(gateway.app, "ROUTERS", (*gateway.app.ROUTERS, _shout_route(router)))
     gw = gateway_factory()
     sid, key = new_session(gw)
