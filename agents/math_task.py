@@ -141,7 +141,8 @@ def _on_main_thread() -> bool:
 
 
 def math_answer_correct(response_text: str, answer: str) -> bool:
-    """True when the final answer in ``response_text`` equals ``answer``; never raises."""
+    """True when the final answer in ``response_text`` is a number equal to ``answer``;
+    never raises."""
     try:
         from math_verify import parse, verify
 
@@ -156,7 +157,10 @@ def math_answer_correct(response_text: str, answer: str) -> bool:
             if not gold:
                 return False
         pred = parse(text, parsing_timeout=timeout)
-        if not pred:
+        # The answer must be a number, as the question asks: an unevaluated expression
+        # ("... is 19 - 6") would let the policy hand the arithmetic to the checker, which
+        # an RL run learns within a dozen steps.
+        if not pred or not getattr(pred[0], "is_Number", False):
             return False
         return bool(verify(gold, pred, timeout_seconds=timeout))
     except (KeyboardInterrupt, SystemExit):

@@ -150,6 +150,8 @@ REWARD_CASES = [
     ("I do not know, maybe some apples?", "12", False),
     ("", "12", False),
     ("\\frac{{{", "1", False),
+    ("So the final answer is 19 - 6.", "13", False),  # a number, not a sum to work out
+    ("Ben has 19 - 6 = 13 cookies. The answer is 13.", "13", True),
 ]
 
 
