@@ -23,11 +23,23 @@ from typing import Any
 
 import aiohttp
 
-SYSTEM = "You are a helpful assistant. Answer briefly."
+# What agents send: a ~1.7 kB system prompt (instructions and tool rules) and ~300-char
+# user turns, asking for logprobs, as an RL rollout does.
+SYSTEM = " ".join(
+    f"Rule {i}: when a task needs a file, read it with the read tool before editing it, "
+    "keep every change small, run the tests after each edit, and report what changed."
+    for i in range(1, 12)
+)
+BODY = {"max_tokens": 64, "temperature": 1.0, "logprobs": True}
 
 
 def question(conversation: int, turn: int) -> str:
-    return f"Conversation {conversation}, question {turn}: what is {turn + 2} + {turn + 2}?"
+    return (
+        f"Task {conversation}.{turn}: the test suite reports a failure in module_{turn}.py "
+        f"at line {40 + turn}: expected {turn + 2} items but found {turn + 1}. Look at the "
+        "function that builds the list, find why one item goes missing when the input ends "
+        "with an empty line, and propose the smallest fix, with the test that shows it."
+    )
 
 
 @dataclass(slots=True)
@@ -158,9 +170,7 @@ async def run_level(
             {"role": "user", "content": question(number, 0)},
         ]
         for turn in range(turns):
-            body = json.dumps(
-                {"model": model, "messages": messages, "max_tokens": 32, "temperature": 1.0}
-            ).encode()
+            body = json.dumps({"model": model, "messages": messages, **BODY}).encode()
             t0 = time.perf_counter()
             try:
                 async with http.post(url, data=body, headers=headers) as resp:

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.run_gateway_bench import write_section
+from bench.report import write_section
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- BEGIN async-vs-sync (written by bench/run_async_vs_sync.py) -->"

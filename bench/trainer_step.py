@@ -8,21 +8,29 @@ would write by hand: the same model in fp32, the same packed sequences with
 `torch.optim.AdamW.step()`. Steps alternate (order flipped each round) so that the
 machine's background load hits both alike; the ratio of medians is the figure.
 
-Usage: .venv/bin/python bench/trainer_step.py [--rounds 5] [--seqs 4] [--tokens 256]
+Usage: .venv/bin/python -m bench.trainer_step [--rounds 5] [--seqs 4] [--tokens 256]
+It writes its section of docs/benchmarks.md (between markers) unless --no-docs.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from bench.report import write_section
+
 os.environ.setdefault("MASTER_PORT", "29541")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+BEGIN = "<!-- BEGIN trainer-step (written by bench/trainer_step.py) -->"
+END = "<!-- END trainer-step -->"
 
 
 def samples(n_seqs: int, tokens: int, seed: int = 0) -> list[dict]:
@@ -79,6 +87,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--no-docs", dest="write_docs", action="store_false")
     args = ap.parse_args()
 
     from gateway.inference.model_source import resolve_model_dir
@@ -107,18 +116,35 @@ def main() -> None:
             if r:  # round 0 warms up
                 times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(
-        json.dumps(
-            {
-                "tokens": args.seqs * args.tokens,
-                "trainer_step_s": round(med["trainer"], 2),
-                "bare_step_s": round(med["bare"], 2),
-                "ratio": round(med["trainer"] / med["bare"], 3),
-                "trainer_steps": [round(t, 2) for t in times["trainer"]],
-                "bare_steps": [round(t, 2) for t in times["bare"]],
-            }
-        )
-    )
+    result = {
+        "tokens": args.seqs * args.tokens,
+        "trainer_step_s": round(med["trainer"], 2),
+        "bare_step_s": round(med["bare"], 2),
+        "ratio": round(med["trainer"] / med["bare"], 3),
+        "trainer_steps": [round(t, 2) for t in times["trainer"]],
+        "bare_steps": [round(t, 2) for t in times["bare"]],
+    }
+    print(json.dumps(result))
+    if args.write_docs:
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+             if line.startswith("model name")), "unknown CPU",
+        )  # fmt: skip
+        section = "\n".join([
+            BEGIN, "",
+            f"Measured {dt.date.today()} on {os.cpu_count()} cores ({cpu}), torch "
+            f"{torch.__version__}, {torch.get_num_threads()} threads: `python -m "
+            f"bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
+            f"{args.tokens}`, {result['tokens']} packed tokens per step, median of "
+            f"{args.rounds} alternating rounds.", "",
+            "| step | median s | each round s |", "|---|---:|---|",
+            f"| trainer (PPOActor + DeepSpeed) | {result['trainer_step_s']} | "
+            f"{result['trainer_steps']} |",
+            f"| bare PyTorch fwd+bwd+AdamW | {result['bare_step_s']} | {result['bare_steps']} |",
+            "", f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x).", "",
+            END,
+        ])  # fmt: skip
+        write_section(DOC, section, BEGIN, END)
 
 
 if __name__ == "__main__":

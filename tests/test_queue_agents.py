@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from pathlib import Path
 
@@ -42,8 +43,8 @@ RETRY = "Unfortunately your answer is wrong. Let's try again."
 @pytest.fixture
 def registries(monkeypatch):  # type: ignore[no-untyped-def]
     """Registrations made by a test disappear after it."""
-    monkeypatch.setattr(registry, "_AGENTS", dict(registry._AGENTS))
-    monkeypatch.setattr(registry, "_ENVS", dict(registry._ENVS))
+    monkeypatch.setattr(registry, "_AGENTS", copy.copy(registry._AGENTS))
+    monkeypatch.setattr(registry, "_ENVS", copy.copy(registry._ENVS))
 
 
 class VersionedFake(FakeEngine):

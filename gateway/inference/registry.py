@@ -14,6 +14,7 @@ from typing import Literal
 
 from gateway.config import GatewayConfig
 from gateway.inference.base import InferenceEngine
+from gateway.registry import Registry
 
 Builder = Callable[[GatewayConfig], InferenceEngine]
 
@@ -27,24 +28,18 @@ class EngineSpec:
     help: str
 
 
-INFERENCE_ENGINES: dict[str, EngineSpec] = {}
+INFERENCE_ENGINES: Registry[EngineSpec] = Registry("engine")
+engine_spec = INFERENCE_ENGINES.lookup
 
 
 def register_inference_engine(
     name: str, *, weights: Literal["memory", "disk"], trainable: bool = True, help: str = ""
 ) -> Callable[[Builder], Builder]:
     def register(build: Builder) -> Builder:
-        INFERENCE_ENGINES[name] = EngineSpec(name, build, weights, trainable, help)
+        INFERENCE_ENGINES.add(name, EngineSpec(name, build, weights, trainable, help))
         return build
 
     return register
-
-
-def engine_spec(name: str) -> EngineSpec:
-    spec = INFERENCE_ENGINES.get(name)
-    if spec is None:
-        raise ValueError(f"unknown engine {name!r}: choose one of {sorted(INFERENCE_ENGINES)}")
-    return spec
 
 
 def make_inference_engine(config: GatewayConfig) -> InferenceEngine:

@@ -10,23 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gateway.registry import Registry
 from gateway.samples.sample import Sample, trainable
 
 ExportStyle = Callable[[str, list[dict[str, Any]], float], list[Sample]]
-EXPORT_STYLES: dict[str, ExportStyle] = {}
-
-
-def register_export_style(name: str) -> Callable[[ExportStyle], ExportStyle]:
-    def register(fn: ExportStyle) -> ExportStyle:
-        EXPORT_STYLES[name] = fn
-        return fn
-
-    return register
-
-
-def check_export_style(style: str) -> None:
-    if style not in EXPORT_STYLES:
-        raise ValueError(f"unknown export_style {style!r}; choose one of {sorted(EXPORT_STYLES)}")
+EXPORT_STYLES: Registry[ExportStyle] = Registry("export_style")
+register_export_style = EXPORT_STYLES.register
+check_export_style = EXPORT_STYLES.lookup
 
 
 def export_session(
@@ -36,5 +26,4 @@ def export_session(
     turn_discount: float = 1.0,
 ) -> list[Sample]:
     """The session's samples under `style`; aborted answers are left out."""
-    check_export_style(style)
-    return EXPORT_STYLES[style](session_id, trainable(completions), turn_discount)
+    return EXPORT_STYLES.lookup(style)(session_id, trainable(completions), turn_discount)

@@ -26,7 +26,6 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
-from gateway.chat.linking import tokens_continue
 from gateway.chat.template import ChatRenderer
 from gateway.chat.tool_parsers import ToolParser, make_tool_parser
 from gateway.config import GatewayConfig
@@ -41,10 +40,16 @@ from gateway.inference.base import (
     TopLogprobs,
 )
 from gateway.metrics import Metrics
-from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn, text_delta
+from gateway.serving.turn import (
+    ChoiceOutput,
+    Parent,
+    TextDelta,
+    Turn,
+    completion_record,
+    text_delta,
+)
 from gateway.store.codec import unpack_ints
 from gateway.store.recorder import Recorder, RecordError
-from gateway.store.records import CompletionRecord
 from gateway.store.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -368,30 +373,7 @@ class ServingCore:
 
         Shielded: a client that disconnects does not cancel its record.
         """
-        parent = turn.parent
-        record = CompletionRecord(
-            id=out.completion_id,
-            session_id=turn.session_id,
-            endpoint=turn.endpoint,
-            model=turn.model,
-            request=turn.request,
-            response=response,
-            prompt_ids=turn.prompt_ids,
-            output_ids=out.output_ids,
-            output_logprobs=out.logprobs,
-            output_versions=out.versions,
-            finish_reason=finish_reason,
-            prefix_hash=answer_hash,
-            parent_id=parent[0] if parent else None,
-            tokens_continue_parent=tokens_continue(parent[1], parent[2], turn.prompt_ids)
-            if parent
-            else None,
-            request_hash=turn.request_hash,
-            choice_index=out.index,
-            queue_s=out.queue_s,
-            gen_s=out.gen_s,
-            total_s=time.perf_counter() - turn.started,
-        )
+        record = completion_record(turn, out, response, finish_reason, answer_hash)
         try:
             await asyncio.shield(self.recorder.record(record))
         except RecordError as exc:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 import uuid
 from typing import Any
 
 from gateway.auth import hash_key
 from gateway.inference.base import GenerationResult, SamplingParams
+from gateway.serving.turn import ChoiceOutput, Turn, completion_record
 from gateway.store.recorder import Recorder
-from gateway.store.records import CompletionRecord
 from gateway.store.repository import Repository
 
 ENDPOINT = "direct"  # the `endpoint` column of these rows
@@ -60,23 +61,16 @@ class DirectRecorder:
             "stop_token_ids": list(params.stop_token_ids),
             "seed": params.seed,
         }
-        record = CompletionRecord(
-            id=completion_id,
-            session_id=session_id,
-            endpoint=ENDPOINT,
-            model=self.model,
-            request=request,
-            response={"finish_reason": result.finish_reason},
-            prompt_ids=prompt_ids,
-            output_ids=result.output_ids,
-            output_logprobs=result.logprobs,
-            output_versions=result.versions,
-            finish_reason=result.finish_reason,
-            prefix_hash=completion_id,
-            queue_s=result.queue_s,
-            gen_s=result.gen_s,
-            total_s=total_s,
-        )
+        turn = Turn(
+            session_id, ENDPOINT, self.model, request, prompt_ids, params, [], None,
+            [completion_id], started=time.perf_counter() - total_s,
+        )  # fmt: skip
+        out = ChoiceOutput(
+            0, completion_id, "", result.output_ids, result.logprobs, result.versions, None,
+            result.finish_reason, result.queue_s, result.gen_s,
+        )  # fmt: skip
+        response = {"finish_reason": result.finish_reason}
+        record = completion_record(turn, out, response, result.finish_reason, completion_id)
         await asyncio.shield(self.recorder.record(record))
         return completion_id
 

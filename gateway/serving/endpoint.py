@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from gateway.chat.tool_parsers import Event, ToolParser, content_events
 from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
+from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn
 from gateway.sse import sse_error, sse_response
 from gateway.store.repository import SessionInfo
 
@@ -120,6 +120,45 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         with admission, tracked:
             answers = await self._run_all(p)
         return self.response(p, answers)
+
+    def turn(
+        self,
+        req: Any,
+        session: SessionInfo,
+        prompt_ids: list[int],
+        ids: list[str],
+        body_hash: str | None,
+        *,
+        max_tokens: int | None,
+        top_logprobs: int = 0,
+        stops: list[str] | None = None,
+        parent: Parent | None = None,
+        request: dict[str, Any] | None = None,
+        param: str = "messages",
+    ) -> Turn:
+        """One request as the engine and the store see it: the step `prepare` ends with."""
+        params = self.core.sampling_params(
+            len(prompt_ids),
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            top_logprobs=top_logprobs,
+            param=param,
+        )
+        request = request if request is not None else req.model_dump(exclude_none=True)
+        return Turn(
+            session.id,
+            self.endpoint,
+            req.model,
+            request,
+            prompt_ids,
+            params,
+            stops or [],
+            parent,
+            ids,
+            body_hash,
+        )
 
     # ---- what each endpoint fills in -------------------------------------------------
     def validate(self, req: Req) -> None:  # noqa: B027 - optional step

@@ -8,7 +8,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.chat.linking import tokens_continue
 from gateway.inference.base import SamplingParams, TopLogprobs
+from gateway.store.records import CompletionRecord
 
 Parent = tuple[str, list[int], list[int]]  # completion id, its prompt ids, its output ids
 
@@ -63,6 +65,36 @@ class ChoiceOutput:
     finish_reason: str  # stop | length | abort (client gone)
     queue_s: float = 0.0
     gen_s: float = 0.0
+
+
+def completion_record(
+    turn: Turn, out: ChoiceOutput, response: dict[str, Any], finish_reason: str, prefix_hash: str
+) -> CompletionRecord:
+    """The one place a completion's record is built, for HTTP and direct generations."""
+    parent = turn.parent
+    return CompletionRecord(
+        id=out.completion_id,
+        session_id=turn.session_id,
+        endpoint=turn.endpoint,
+        model=turn.model,
+        request=turn.request,
+        response=response,
+        prompt_ids=turn.prompt_ids,
+        output_ids=out.output_ids,
+        output_logprobs=out.logprobs,
+        output_versions=out.versions,
+        finish_reason=finish_reason,
+        prefix_hash=prefix_hash,
+        parent_id=parent[0] if parent else None,
+        tokens_continue_parent=(
+            tokens_continue(parent[1], parent[2], turn.prompt_ids) if parent else None
+        ),
+        request_hash=turn.request_hash,
+        choice_index=out.index,
+        queue_s=out.queue_s,
+        gen_s=out.gen_s,
+        total_s=time.perf_counter() - turn.started,
+    )
 
 
 def text_delta(

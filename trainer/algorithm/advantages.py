@@ -13,26 +13,13 @@ from collections.abc import Callable
 
 import torch
 
+from gateway.registry import Registry
 from trainer.config import ConfigError, TrainConfig
 
 Estimator = Callable[[dict[str, torch.Tensor], TrainConfig], torch.Tensor]
-ESTIMATORS: dict[str, Estimator] = {}
-
-
-def register_advantage(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator: make `fn` selectable as `train.advantage: <name>`."""
-
-    def register(fn: Estimator) -> Estimator:
-        ESTIMATORS[name] = fn
-        return fn
-
-    return register
-
-
-def get_advantage(name: str) -> Estimator:
-    if name not in ESTIMATORS:
-        raise ConfigError(f"unknown train.advantage {name!r}; registered: {sorted(ESTIMATORS)}")
-    return ESTIMATORS[name]
+ESTIMATORS: Registry[Estimator] = Registry("train.advantage", "estimators", error=ConfigError)
+register_advantage = ESTIMATORS.register  # `@register_advantage("name")`: `train.advantage`
+get_advantage = ESTIMATORS.lookup
 
 
 @register_advantage("grpo")

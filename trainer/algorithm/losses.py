@@ -14,27 +14,14 @@ from collections.abc import Callable
 
 import torch
 
+from gateway.registry import Registry
 from trainer.config import ConfigError, TrainConfig
 
 LossResult = tuple[torch.Tensor, dict[str, float]]  # (sum over trained tokens, stats)
 Loss = Callable[[torch.Tensor, dict[str, torch.Tensor], TrainConfig], LossResult]
-LOSSES: dict[str, Loss] = {}
-
-
-def register_loss(name: str) -> Callable[[Loss], Loss]:
-    """Decorator: make `fn` selectable as `train.loss: <name>`."""
-
-    def register(fn: Loss) -> Loss:
-        LOSSES[name] = fn
-        return fn
-
-    return register
-
-
-def get_loss(name: str) -> Loss:
-    if name not in LOSSES:
-        raise ConfigError(f"unknown train.loss {name!r}; registered: {sorted(LOSSES)}")
-    return LOSSES[name]
+LOSSES: Registry[Loss] = Registry("train.loss", "losses", error=ConfigError)
+register_loss = LOSSES.register  # `@register_loss("name")`: selectable as `train.loss: name`
+get_loss = LOSSES.lookup
 
 
 @register_loss("grpo")

@@ -6,77 +6,51 @@ that register them are listed under `imports:`.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
+from gateway.registry import Registry, RegistryError
 from trainer.loading import import_file  # noqa: F401 - part of this module's API
 
 if TYPE_CHECKING:
     from trainer.rollout.agent_env import Agent, EnvironmentService
 
+__all__ = ["RegistryError", "make_agent", "make_env", "register_agent", "register_env"]
 
-class RegistryError(ValueError):
-    pass
-
-
-_AGENTS: dict[str, type] = {}
-_ENVS: dict[str, type] = {}
+_AGENTS: Registry[type] = Registry("agent")
+_ENVS: Registry[type] = Registry("env")
+_HINT = " (is the file that registers it listed under `imports:`?)"
 
 
-def _same_definition(a: type, b: type) -> bool:
-    """The same class imported twice (e.g. one file loaded under two module names)."""
-    if a is b:
-        return True
-    fa = getattr(sys.modules.get(a.__module__), "__file__", None)
-    fb = getattr(sys.modules.get(b.__module__), "__file__", None)
-    return a.__qualname__ == b.__qualname__ and fa is not None and fa == fb
-
-
-def _register(table: dict[str, type], kind: str, name: str, cls: type) -> type:
-    if not isinstance(name, str) or not name:
-        raise RegistryError(f"{kind} name must be a non-empty string, got {name!r}")
+def _register(table: Registry[type], name: str, cls: type) -> type:
     if not isinstance(cls, type):
-        raise RegistryError(f"register_{kind}({name!r}, ...) needs a class, got {cls!r}")
-    old = table.get(name)
-    if old is not None and not _same_definition(old, cls):
-        raise RegistryError(
-            f"{kind} {name!r} is already registered to {old.__module__}.{old.__qualname__}; "
-            f"pick another name for {cls.__module__}.{cls.__qualname__}"
-        )
-    table[name] = cls
-    return cls
+        raise RegistryError(f"register_{table.kind}({name!r}, ...) needs a class, got {cls!r}")
+    return table.add(name, cls)
 
 
-def _make(table: dict[str, type], kind: str, name: str, args: dict[str, Any]) -> Any:
-    cls = table.get(name)
-    if cls is None:
-        known = sorted(table) or "none"
-        raise RegistryError(
-            f"unknown {kind} {name!r}; registered {kind}s: {known} (is the file that "
-            f"calls register_{kind} listed under `imports:`?)"
-        )
+def _make(table: Registry[type], name: str, args: dict[str, Any]) -> Any:
+    cls = table.lookup(name, _HINT)
     try:
         return cls(**args)
     except TypeError as exc:
         raise RegistryError(
-            f"cannot build {kind} {name!r} ({cls.__name__}(**{args})): {exc}"
+            f"cannot build {table.kind} {name!r} ({cls.__name__}(**{args})): {exc}"
         ) from exc
 
 
 def register_agent(name: str, cls: type) -> type:
-    return _register(_AGENTS, "agent", name, cls)
+    return _register(_AGENTS, name, cls)
 
 
 def register_env(name: str, cls: type) -> type:
-    return _register(_ENVS, "env", name, cls)
+    return _register(_ENVS, name, cls)
 
 
 def make_agent(name: str, **args: Any) -> Agent:
-    return _make(_AGENTS, "agent", name, args)
+    return _make(_AGENTS, name, args)
 
 
 def make_env(name: str, **args: Any) -> EnvironmentService:
-    return _make(_ENVS, "env", name, args)
+    return _make(_ENVS, name, args)
 
 
 def registered_agents() -> list[str]:

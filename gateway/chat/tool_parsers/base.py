@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.registry import Registry
+
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
@@ -75,7 +77,7 @@ class ToolParser(abc.ABC):
         """Events for what was held back, once the answer is complete."""
 
 
-TOOL_PARSERS: dict[str, type[ToolParser]] = {}
+TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool parser")
 # (name, does this chat template use the format?) in the order they are tried
 _DETECTORS: list[tuple[str, Callable[[str], bool]]] = []
 
@@ -83,13 +85,9 @@ _DETECTORS: list[tuple[str, Callable[[str], bool]]] = []
 def register_tool_parser(
     name: str, detect: Callable[[str], bool] | None = None
 ) -> Callable[[type[ToolParser]], type[ToolParser]]:
-    def register(cls: type[ToolParser]) -> type[ToolParser]:
-        TOOL_PARSERS[name] = cls
-        if detect is not None:
-            _DETECTORS.append((name, detect))
-        return cls
-
-    return register
+    if detect is not None:
+        _DETECTORS.append((name, detect))
+    return TOOL_PARSERS.register(name)
 
 
 def detect_tool_parser(chat_template: Any, default: str = "hermes") -> str:
@@ -102,7 +100,4 @@ def detect_tool_parser(chat_template: Any, default: str = "hermes") -> str:
 
 
 def make_tool_parser(name: str) -> ToolParser:
-    cls = TOOL_PARSERS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown tool parser {name!r}: choose one of {sorted(TOOL_PARSERS)}")
-    return cls()
+    return TOOL_PARSERS.lookup(name)()

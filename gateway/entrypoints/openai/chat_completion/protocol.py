@@ -1,7 +1,6 @@
 """`POST /v1/chat/completions` shapes: the request body, `ChatCompletion` and chunks.
 
-Unknown request fields (`store`, `metadata`, `user`, ...) are accepted and ignored, as
-real agent frameworks send plenty of them. Answers are built with the `openai`
+Answers are built with the `openai`
 package's own types (`model_construct`: no validation cost).
 """
 
@@ -23,29 +22,20 @@ from openai.types.chat.chat_completion_token_logprob import (
     TopLogprob,
 )
 from openai.types.completion_usage import CompletionUsage
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from gateway.chat.tool_parsers import ContentEvent, Event
+from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.inference.base import TopLogprobs
 from gateway.serving.endpoint import Answer
 from gateway.serving.turn import TextDelta
 from gateway.sse import SSE_DONE
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = "default"
+class ChatCompletionRequest(ChoicesRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     logprobs: bool = False
@@ -61,9 +51,6 @@ class ChatCompletionRequest(BaseModel):
                     f"messages[{i}].role must be system/user/assistant/tool, got {role!r}"
                 )
         return messages
-
-    def stop_strings(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def may_call_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"

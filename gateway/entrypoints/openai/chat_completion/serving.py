@@ -66,27 +66,18 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         prompt_ids = self.core.render(
             req.messages, tools, req.tool_choice, param="messages", code="invalid_messages"
         )
-        params = self.core.sampling_params(
-            len(prompt_ids),
+        turn = self.turn(
+            req,
+            session,
+            prompt_ids,
+            choice_ids("chatcmpl", req.n),
+            body_hash,
             max_tokens=req.max_completion_tokens or req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
-        )
-        turn = Turn(
-            session_id=session.id,
-            endpoint=self.endpoint,
-            model=req.model,
-            request=req.model_dump(exclude_none=True),
-            prompt_ids=prompt_ids,
-            params=params,
             stops=req.stop_strings(),
             parent=self.core.find_parent(
                 session.id, candidate_parent_hashes(req.messages, req.tools)
             ),
-            ids=choice_ids("chatcmpl", req.n),
-            request_hash=body_hash,
         )
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
         if req.stream:

@@ -8,26 +8,17 @@ from typing import Any
 from openai.types import Completion, CompletionChoice
 from openai.types.completion_choice import Logprobs
 from openai.types.completion_usage import CompletionUsage
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.sse import sse_event
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(ChoicesRequest):
     """`POST /v1/completions`: a prompt as text or token ids (or a list of either)."""
 
-    model_config = ConfigDict(extra="allow")
-
-    model: str = "default"
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
@@ -50,9 +41,6 @@ class CompletionRequest(BaseModel):
         if p and all(isinstance(x, int) for x in p):
             return [p]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
-
-    def stop_strings(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class CompletionShapes:

@@ -86,27 +86,16 @@ class CompletionServing(OpenAIServing[CompletionRequest]):
         ids: list[str],
         body_hash: str | None,
     ) -> Turn:
-        prompt_ids = self._prompt_ids(prompt)
-        params = self.core.sampling_params(
-            len(prompt_ids),
+        return self.turn(
+            req,
+            session,
+            self._prompt_ids(prompt),
+            ids,
+            body_hash,
             max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
             top_logprobs=req.logprobs or 0,
-            param="prompt",
-        )
-        return Turn(
-            session_id=session.id,
-            endpoint=self.endpoint,
-            model=req.model,
-            request=req.model_dump(exclude_none=True),
-            prompt_ids=prompt_ids,
-            params=params,
             stops=req.stop_strings(),
-            parent=None,
-            ids=ids,
-            request_hash=body_hash,
+            param="prompt",
         )
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:

@@ -31,6 +31,23 @@ from gateway.entrypoints.openai.responses.protocol import call_item, dump, messa
 from gateway.errors import APIError
 from gateway.sse import sse_event
 
+# Each event type with the openai class that shapes it.
+EVENTS: dict[str, Any] = {
+    "response.created": ResponseCreatedEvent,
+    "response.in_progress": ResponseInProgressEvent,
+    "response.output_item.added": ResponseOutputItemAddedEvent,
+    "response.output_item.done": ResponseOutputItemDoneEvent,
+    "response.content_part.added": ResponseContentPartAddedEvent,
+    "response.content_part.done": ResponseContentPartDoneEvent,
+    "response.output_text.delta": ResponseTextDeltaEvent,
+    "response.output_text.done": ResponseTextDoneEvent,
+    "response.function_call_arguments.delta": ResponseFunctionCallArgumentsDeltaEvent,
+    "response.function_call_arguments.done": ResponseFunctionCallArgumentsDoneEvent,
+    "response.completed": ResponseCompletedEvent,
+    "response.incomplete": ResponseIncompleteEvent,
+    "error": ResponseErrorEvent,
+}
+
 
 class EventWriter:
     """The SSE frames of one streamed response, numbered by `sequence_number`.
@@ -51,17 +68,25 @@ class EventWriter:
         """Is a message item open (text may still come)?"""
         return self._msg_id is not None
 
-    def _frame(self, cls: Any, **fields: Any) -> bytes:
+    def _frame(self, type: str, **fields: Any) -> bytes:
         if not self.emit:
             return b""
-        event = cls.model_construct(sequence_number=self.seq, **fields)
+        event = EVENTS[type].model_construct(sequence_number=self.seq, type=type, **fields)
         self.seq += 1
-        return sse_event(dump(event), fields["type"])
+        return sse_event(dump(event), type)
+
+    def _item(self, stage: str, item: Any) -> bytes:
+        """`response.output_item.added` or `.done` for the item at the next index."""
+        return self._frame(f"response.output_item.{stage}", output_index=len(self.items), item=item)
+
+    def _in_item(self, type: str, item_id: str, **fields: Any) -> bytes:
+        """An event inside the item at the next index."""
+        return self._frame(type, item_id=item_id, output_index=len(self.items), **fields)
 
     def start(self, response: Response) -> list[bytes]:
         return [
-            self._frame(ResponseCreatedEvent, type="response.created", response=response),
-            self._frame(ResponseInProgressEvent, type="response.in_progress", response=response),
+            self._frame("response.created", response=response),
+            self._frame("response.in_progress", response=response),
         ]
 
     def events(self, events: list[Event]) -> list[bytes]:
@@ -78,11 +103,9 @@ class EventWriter:
         if text:
             self._text.append(text)
             frames.append(
-                self._frame(
-                    ResponseTextDeltaEvent,
-                    type="response.output_text.delta",
-                    item_id=self._msg_id,
-                    output_index=len(self.items),
+                self._in_item(
+                    "response.output_text.delta",
+                    self._msg_id,
                     content_index=0,
                     delta=text,
                     logprobs=[],
@@ -93,21 +116,10 @@ class EventWriter:
     def _open_message(self) -> list[bytes]:
         self._msg_id = f"msg_{uuid.uuid4().hex}"
         self._text = []
-        index = len(self.items)
         return [
-            self._frame(
-                ResponseOutputItemAddedEvent,
-                type="response.output_item.added",
-                output_index=index,
-                item=message_item("", self._msg_id, done=False),
-            ),
-            self._frame(
-                ResponseContentPartAddedEvent,
-                type="response.content_part.added",
-                item_id=self._msg_id,
-                output_index=index,
-                content_index=0,
-                part=text_part(""),
+            self._item("added", message_item("", self._msg_id, done=False)),
+            self._in_item(
+                "response.content_part.added", self._msg_id, content_index=0, part=text_part("")
             ),
         ]
 
@@ -115,32 +127,16 @@ class EventWriter:
         """Close the open message item, if any."""
         if self._msg_id is None:
             return []
-        text, item_id, index = "".join(self._text), self._msg_id, len(self.items)
+        text, item_id = "".join(self._text), self._msg_id
         item = message_item(text, item_id)
         frames = [
-            self._frame(
-                ResponseTextDoneEvent,
-                type="response.output_text.done",
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
+            self._in_item(
+                "response.output_text.done", item_id, content_index=0, text=text, logprobs=[]
             ),
-            self._frame(
-                ResponseContentPartDoneEvent,
-                type="response.content_part.done",
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                part=text_part(text),
+            self._in_item(
+                "response.content_part.done", item_id, content_index=0, part=text_part(text)
             ),
-            self._frame(
-                ResponseOutputItemDoneEvent,
-                type="response.output_item.done",
-                output_index=index,
-                item=item,
-            ),
+            self._item("done", item),
         ]
         self.items.append(item)
         self._msg_id = None
@@ -149,47 +145,21 @@ class EventWriter:
     def call(self, call: ToolCall, item_id: str | None = None) -> list[bytes]:
         frames = self.close()
         item_id = item_id or f"fc_{uuid.uuid4().hex}"
-        index = len(self.items)
         item = call_item(call, item_id)
         frames += [
-            self._frame(
-                ResponseOutputItemAddedEvent,
-                type="response.output_item.added",
-                output_index=index,
-                item=call_item(call, item_id, done=False),
+            self._item("added", call_item(call, item_id, done=False)),
+            self._in_item("response.function_call_arguments.delta", item_id, delta=call.arguments),
+            self._in_item(
+                "response.function_call_arguments.done", item_id, arguments=call.arguments
             ),
-            self._frame(
-                ResponseFunctionCallArgumentsDeltaEvent,
-                type="response.function_call_arguments.delta",
-                item_id=item_id,
-                output_index=index,
-                delta=call.arguments,
-            ),
-            self._frame(
-                ResponseFunctionCallArgumentsDoneEvent,
-                type="response.function_call_arguments.done",
-                item_id=item_id,
-                output_index=index,
-                arguments=call.arguments,
-            ),
-            self._frame(
-                ResponseOutputItemDoneEvent,
-                type="response.output_item.done",
-                output_index=index,
-                item=item,
-            ),
+            self._item("done", item),
         ]
         self.items.append(item)
         return frames
 
     def finish(self, response: Response) -> bytes:
-        if response.status == "incomplete":
-            return self._frame(
-                ResponseIncompleteEvent, type="response.incomplete", response=response
-            )
-        return self._frame(ResponseCompletedEvent, type="response.completed", response=response)
+        done = "response.incomplete" if response.status == "incomplete" else "response.completed"
+        return self._frame(done, response=response)
 
     def error(self, exc: APIError) -> bytes:
-        return self._frame(
-            ResponseErrorEvent, type="error", code=exc.code, message=exc.message, param=exc.param
-        )
+        return self._frame("error", code=exc.code, message=exc.message, param=exc.param)

@@ -24,20 +24,18 @@ from openai.types.responses import (
 )
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from gateway.chat.template import text_of
 from gateway.chat.tool_parsers import ToolCall
 from gateway.chat.tools import forced_tool
+from gateway.entrypoints.openai.protocol import OpenAIRequest
 from gateway.errors import APIError
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = "default"
+class ResponsesRequest(OpenAIRequest):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
@@ -45,10 +43,6 @@ class ResponsesRequest(BaseModel):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = False
 
     @field_validator("input")
     @classmethod

@@ -100,29 +100,21 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             param="input",
             code="invalid_input",
         )
-        params = self.core.sampling_params(
-            len(prompt_ids),
-            max_tokens=req.max_output_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            param="input",
-        )
         request = req.model_dump(exclude_none=True)
         if req.previous_response_id is not None:
             request["resolved_input"] = items  # what a later previous_response_id continues
-        turn = Turn(
-            session_id=session.id,
-            endpoint=self.endpoint,
-            model=req.model,
-            request=request,
-            prompt_ids=prompt_ids,
-            params=params,
-            stops=[],
+        turn = self.turn(
+            req,
+            session,
+            prompt_ids,
+            [new_response_id()],
+            body_hash,
+            max_tokens=req.max_output_tokens,
             parent=self.core.find_parent(session.id, candidate_parent_hashes(messages, tools)),
-            ids=[new_response_id()],
-            request_hash=body_hash,
+            request=request,
+            param="input",
         )
+        params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
         context = {
             "messages": messages,

@@ -1,0 +1,94 @@
+"""An inference engine that answers instantly, in its own process: the benchmark's upstream.
+
+It speaks the two protocols the benchmark's paths use, with the same answer in both:
+SGLang's native `POST /generate` (what `turnstile serve --engine sglang` calls, with
+output token logprobs) and OpenAI's `POST /v1/chat/completions` (what the pass-through
+proxy forwards to, with `logprobs.content` when asked). The answer is a fixed list of
+real SmolLM2 token ids ending in the stop token, so the gateway detokenises real text.
+It parses every body, as a real server must, and does nothing else.
+
+    python -m bench.engine_server --port 18100 --ids 504,3365,... --text "..." --eos 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+from aiohttp import web
+
+_rids = itertools.count()
+
+
+def make_app(ids: list[int], text: str, eos: int, context: int) -> web.Application:
+    logprobs = [-0.05 - (i % 7) * 0.01 for i in range(len(ids))]
+    triples = [[lp, tok, None] for lp, tok in zip(logprobs, ids, strict=True)]
+
+    async def generate(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        n_in = len(body["input_ids"])
+        meta = {
+            "id": f"bench{next(_rids)}",
+            "finish_reason": {"type": "stop", "matched": eos},
+            "prompt_tokens": n_in,
+            "weight_version": "0",
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "output_token_logprobs": triples if body.get("return_logprob") else None,
+        }
+        out = {"text": text, "output_ids": ids, "meta_info": meta}
+        return web.Response(body=json.dumps(out).encode(), content_type="application/json")
+
+    async def chat(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        content = None
+        if body.get("logprobs"):
+            content = [{"token": str(t), "logprob": lp, "top_logprobs": []}
+                       for t, lp in zip(ids, logprobs, strict=True)]  # fmt: skip
+        answer = {
+            "id": f"chatcmpl-bench{next(_rids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "default"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": {"content": content} if content else None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": len(ids), "total_tokens": 0},
+        }
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+
+    async def info(_: web.Request) -> web.Response:
+        return web.json_response({"context_length": context, "weight_version": "0"})
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/chat/completions", chat)
+    for path in ("/get_model_info", "/get_server_info"):
+        app.router.add_get(path, info)
+    app.router.add_get("/health", lambda _: web.json_response({"status": "ok"}))
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--ids", required=True, help="the answer's token ids, comma-separated")
+    p.add_argument("--text", required=True, help="the answer's text")
+    p.add_argument("--eos", type=int, required=True, help="the stop token (last of --ids)")
+    p.add_argument("--context", type=int, default=65536)
+    args = p.parse_args(argv)
+    ids = [int(x) for x in args.ids.split(",")]
+    app = make_app(ids, args.text, args.eos, args.context)
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

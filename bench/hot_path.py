@@ -1,0 +1,337 @@
+"""The gateway's hot path, measured where users run it: behind an external engine process.
+
+One run, everything on 127.0.0.1:
+  1. bench/engine_server.py starts as its own process: an engine that answers instantly,
+     with real SmolLM2 token ids and logprobs, over SGLang's `/generate` and OpenAI's
+     chat API;
+  2. two servers start pinned to core 0 (`taskset -c 0`), one after the other:
+     - *pass-through*: bench/passthrough.py, a naive FastAPI + httpx proxy to the
+       engine's chat API that records nothing: the reference;
+     - *gateway*: `turnstile serve --engine sglang --engine-url ENGINE`: renders,
+       tokenises, links turns and durably records every completion;
+  3. the load generator (bench/load.py, aiohttp) and the engine share core 1. Agents run
+     4-turn sessions with a ~1.7 kB system prompt, ~300-char user turns, `logprobs: true`
+     and `max_tokens` 64; the engine answers 32 tokens. Levels: 1 and 16 sessions;
+  4. CPU per answered request is the server process's user + system time (psutil) over
+     the run; the ratio gateway / pass-through is the figure to watch, since this
+     machine's speed varies from day to day and both are measured in the same run;
+  5. `--profile` samples the gateway with py-spy under the largest level and sums the
+     samples by the library that owns the innermost known frame;
+  6. the gateway is killed with SIGKILL and every 200 is looked up in its store;
+  7. its section of docs/benchmarks.md is rewritten between markers.
+
+    python -m bench.hot_path              # ~2 min on 2 cores
+    python -m bench.hot_path --profile    # needs `pip install py-spy`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from bench.load import Conversation, LevelResult, Record, create_sessions, run_level
+from bench.procs import Child, Children, can_pin, free_port
+from bench.report import write_section
+from bench.store_check import check_store
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- BEGIN hot-path (written by bench/hot_path.py) -->"
+END = "<!-- END hot-path -->"
+ANSWER = (
+    "The list loses its last item because the loop stops one line early when the input "
+    "ends with an empty line; iterate over"
+)
+PASS, GATEWAY = "pass-through", "gateway"
+# Which library a py-spy sample is charged to: the innermost frame whose file matches.
+OWNERS = {
+    "routing, middleware (starlette, fastapi)": ("starlette/", "fastapi/"),
+    "HTTP server (uvicorn, h11, httptools)": ("uvicorn/", "h11/", "httptools/"),
+    "tokenizer, chat template (tokenizers, transformers, jinja2)": (
+        "tokenizers/",
+        "transformers/",
+        "jinja2/",
+    ),
+    "JSON, validation (json, orjson, pydantic)": ("json/", "orjson", "pydantic"),
+    "upstream client (httpx, httpcore, aiohttp)": ("httpx/", "httpcore/", "aiohttp/"),
+    "store (sqlalchemy, sqlite3)": ("sqlalchemy/", "sqlite3/"),
+    "event loop (asyncio, anyio, uvloop)": ("asyncio/", "anyio/", "uvloop/", "selectors"),
+    "gateway's own code": ("gateway/",),
+}
+
+
+@dataclass
+class Run:
+    path: str
+    result: LevelResult
+    cpu_s: float
+
+    @property
+    def cpu_ms(self) -> float:
+        return 1000.0 * self.cpu_s / self.result.ok if self.result.ok else float("nan")
+
+
+def git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def machine() -> str:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    pkgs = []
+    for name in ("fastapi", "uvicorn", "httpx", "tokenizers", "transformers", "uvloop"):
+        try:
+            pkgs.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pkgs.append(f"{name} not installed")
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "-uno") != "unknown" else ""
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"Measured {when} at commit `{git('rev-parse', '--short', 'HEAD')}`{dirty} on "
+        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
+        + ", ".join(pkgs)
+        + "."
+    )
+
+
+def answer_ids() -> tuple[list[int], int]:
+    """The engine's answer as real SmolLM2 ids, ending in its stop token."""
+    from gateway.inference.model_source import load_tokenizer, resolve_model_dir
+
+    tok = load_tokenizer(resolve_model_dir())
+    eos = int(tok.eos_token_id)
+    return tok.encode(ANSWER, add_special_tokens=False)[:31] + [eos], eos
+
+
+def profile_table(raw: Path) -> list[str]:
+    """py-spy's raw stacks ("frame;frame;... count"), summed by the owner of the leaf."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        frames = stack.split(";")
+        if any("select" in f and "selectors" in f for f in frames[-1:]):
+            continue  # idle: the loop waiting for the network
+        owner = next(
+            (
+                name
+                for f in reversed(frames)
+                for name, parts in OWNERS.items()
+                if any(p in f for p in parts)
+            ),
+            "other",
+        )
+        counts[owner] += int(n)
+    total = sum(counts.values()) or 1
+    rows = [f"| {name} | {100 * n / total:.0f}% |" for name, n in counts.most_common()]
+    return ["| charged to | share of busy samples |", "|---|---:|", *rows]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="turnstile-hotpath-"))
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+        env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
+        self.children = Children(self.work, env)
+        self.pinned = can_pin(0, 1) and bool(shutil.which("taskset"))
+        self.admin_key = "adm-" + secrets.token_hex(16)
+        self.records: list[Record] = []
+        self.conversations = 0
+        self.runs: list[Run] = []
+        self.profile: list[str] = []
+
+    def pin(self, core: int, argv: list[str]) -> list[str]:
+        return ["taskset", "-c", str(core), *argv] if self.pinned else argv
+
+    def start(self, name: str, argv: list[str], health: str) -> Child:
+        child = self.children.start(name, argv)
+        child.wait_http(health)
+        return child
+
+    async def measure(self, server: Child, path: str, url: str, sessions: int) -> Run:
+        n = max(1, self.args.requests * (4 if sessions > 1 else 1) // self.args.turns)
+        if path == GATEWAY:
+            convs = await create_sessions(url, self.admin_key, n)
+        else:
+            convs = [Conversation() for _ in range(n)]  # no session: nothing to record
+        cpu0 = server.cpu_seconds()
+        res = await run_level(
+            url, path, sessions, convs, self.args.turns, first_conversation=self.conversations
+        )
+        run = Run(path, res, server.cpu_seconds() - cpu0)
+        self.conversations += n
+        if path == GATEWAY:
+            self.records += res.records
+        print(
+            f"{sessions:>3} sessions  {path:<13} {res.ok:>6} ok  {res.rps:7.0f} req/s  "
+            f"p50 {res.pct(50):6.2f} ms  CPU {run.cpu_ms:6.2f} ms/req"
+        )
+        return run
+
+    async def path_runs(self, path: str, server: Child, url: str) -> None:
+        await self.measure(server, path, url, 4)  # warm-up, not reported
+        for sessions in self.args.levels:
+            self.runs.append(await self.measure(server, path, url, sessions))
+        if path == GATEWAY and self.args.profile:
+            raw = self.work / "profile.txt"
+            spy = subprocess.Popen(
+                ["py-spy", "record", "--raw", "-r", "100", "-p", str(server.pid), "-o", str(raw)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await self.measure(server, path, url, max(self.args.levels))
+            spy.terminate()
+            spy.wait(timeout=60)
+            self.profile = profile_table(raw)
+
+    async def main(self) -> int:
+        ids, eos = answer_ids()
+        e_port, p_port, g_port = free_port(), free_port(), free_port()
+        engine_url = f"http://127.0.0.1:{e_port}"
+        py = sys.executable
+        self.start(
+            "engine",
+            self.pin(
+                1,
+                [
+                    py,
+                    "-m",
+                    "bench.engine_server",
+                    "--port",
+                    str(e_port),
+                    "--ids",
+                    ",".join(map(str, ids)),
+                    "--text",
+                    ANSWER,
+                    "--eos",
+                    str(eos),
+                ],
+            ),
+            engine_url + "/health",
+        )
+        if self.pinned:
+            os.sched_setaffinity(0, {1})
+        proxy = self.start(
+            PASS,
+            self.pin(
+                0, [py, "-m", "bench.passthrough", "--port", str(p_port), "--upstream", engine_url]
+            ),
+            f"http://127.0.0.1:{p_port}/docs",
+        )
+        await self.path_runs(PASS, proxy, f"http://127.0.0.1:{p_port}/v1")
+        proxy.stop()
+        db = self.work / "gateway.db"
+        turnstile = str(Path(py).parent / "turnstile")
+        gateway = self.start(
+            GATEWAY,
+            self.pin(
+                0,
+                [
+                    turnstile,
+                    "serve",
+                    "--engine",
+                    "sglang",
+                    "--engine-url",
+                    engine_url,
+                    "--port",
+                    str(g_port),
+                    "--database",
+                    str(db),
+                    "--admin-key",
+                    self.admin_key,
+                ],
+            ),
+            f"http://127.0.0.1:{g_port}/healthz",
+        )
+        await self.path_runs(GATEWAY, gateway, f"http://127.0.0.1:{g_port}/v1")
+        gateway.kill_hard()
+        store = check_store(db, self.records)
+        print(store.describe())
+        section = self.section(store.describe())
+        (ROOT / "runs" / "bench").mkdir(parents=True, exist_ok=True)
+        (ROOT / "runs" / "bench" / "hot_path.json").write_text(
+            json.dumps([r.result.summary() | {"cpu_ms": r.cpu_ms} for r in self.runs], indent=1)
+        )
+        failed = sum(r.result.failed for r in self.runs)
+        if failed or not store.ok:
+            print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
+            return 1
+        if self.args.write_docs:
+            write_section(DOC, section, BEGIN, END)
+        return 0
+
+    def section(self, store: str) -> str:
+        ref = {r.result.concurrency: r for r in self.runs if r.path == PASS}
+        lines = [
+            BEGIN,
+            "",
+            machine(),
+            "",
+            "| sessions | path | requests | req/s | p50 ms | p99 ms | CPU ms/req "
+            "| CPU vs pass-through |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in self.runs:
+            res = r.result
+            ratio = r.cpu_ms / ref[res.concurrency].cpu_ms
+            lines.append(
+                f"| {res.concurrency} | {r.path} | {res.ok} | {res.rps:.0f} | "
+                f"{res.pct(50):.2f} | {res.pct(99):.2f} | {r.cpu_ms:.2f} | "
+                f"{ratio:.2f}x |"
+            )
+        lines += ["", f"Store check after `kill -9` of the gateway: {store}", ""]
+        if self.profile:
+            lines += [
+                f"py-spy, gateway at {max(self.args.levels)} sessions:",
+                "",
+                *self.profile,
+                "",
+            ]
+        return "\n".join([*lines, END])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--levels", default="1,16", help="concurrent sessions (default 1,16)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=800,
+        help="requests at 1 session (4x that at more; default 800)",
+    )
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--profile", action="store_true", help="sample the gateway with py-spy")
+    p.add_argument("--no-docs", dest="write_docs", action="store_false")
+    args = p.parse_args(argv)
+    args.levels = [int(x) for x in args.levels.split(",")]
+    bench = Bench(args)
+    try:
+        return asyncio.run(bench.main())
+    finally:
+        bench.children.stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""Where benchmark figures go: a section of docs/benchmarks.md between two markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_section(path: Path, section: str, begin: str, end: str) -> None:
+    """Replace the text between the markers (or append the section) and keep the rest."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    head, found, rest = text.partition(begin)
+    if found and end in rest:
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+    path.write_text(text)
