@@ -25,6 +25,10 @@ def test_wilson_interval_matches_known_values_and_stays_in_range() -> None:
     assert lo == pytest.approx(0.3802, abs=1e-3) and hi == pytest.approx(0.6198, abs=1e-3)
     assert wilson_interval(0, 64)[0] == 0.0 and 0.0 < wilson_interval(0, 64)[1] < 0.07
     assert wilson_interval(64, 64)[1] == 1.0
+    for n in range(1, 200):  # the plot draws p - lo and hi - p as error bars: never < 0
+        for k in (0, 1, n // 2, n - 1, n):
+            lo, hi = wilson_interval(k, n)
+            assert 0.0 <= lo <= k / n <= hi <= 1.0, (k, n, lo, hi)
 
 
 def test_mean_interval_and_summary() -> None:

@@ -67,7 +67,8 @@ def wilson_interval(successes: int, n: int) -> tuple[float, float]:
     denom = 1 + Z95**2 / n
     centre = (p + Z95**2 / (2 * n)) / denom
     half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # it always holds p; say so exactly (at p = 1 the float sum falls short by 1e-16)
+    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
 
 
 def _key(row: dict[str, Any]) -> str:
