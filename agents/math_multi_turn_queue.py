@@ -136,7 +136,7 @@ class MathMultiTurnQueueAgent(Agent):
 
     def _prompt_ids(self, prompt: dict[str, Any]) -> list[int]:
         messages = prompt.get("messages") or [{"role": "user", "content": prompt["question"]}]
-        return self.renderer.render([dict(m) for m in messages])
+        return self.renderer.render([dict(m) for m in messages]).ids
 
     def _answer_text(self, output_ids: list[int]) -> str:
         ids = list(output_ids)

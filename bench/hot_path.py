@@ -35,6 +35,7 @@ import os
 import platform
 import secrets
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from bench.load import Conversation, LevelResult, Record, create_sessions, run_level
+from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
 from bench.procs import Child, Children, can_pin, free_port
 from bench.report import write_section
 from bench.store_check import check_store
@@ -51,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- BEGIN hot-path (written by bench/hot_path.py) -->"
 END = "<!-- END hot-path -->"
+LONG_BEGIN = "<!-- BEGIN hot-path-long (written by bench/hot_path.py --long) -->"
+LONG_END = "<!-- END hot-path-long -->"
 ANSWER = (
     "The list loses its last item because the loop stops one line early when the input "
     "ends with an empty line; iterate over"
@@ -71,6 +74,19 @@ OWNERS = {
     "event loop (asyncio, anyio, uvloop)": ("asyncio/", "anyio/", "uvloop/", "selectors"),
     "gateway's own code": ("gateway/",),
 }
+
+
+@dataclass
+class LongRun:
+    path: str
+    result: LevelResult
+    cpu_ms: list[float]  # per turn: server CPU per request
+    rss: int
+
+    def buckets(self) -> dict[str, float]:
+        n = len(self.cpu_ms)
+        spans = [(0, 8), (n // 2 - 8, n // 2), (n - 8, n)] if n >= 24 else [(0, n)]
+        return {f"{a + 1}-{b}": sum(self.cpu_ms[a:b]) / (b - a) for a, b in spans}
 
 
 @dataclass
@@ -123,6 +139,24 @@ def answer_ids() -> tuple[list[int], int]:
     return tok.encode(ANSWER, add_special_tokens=False)[:31] + [eos], eos
 
 
+def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
+    """Mean bytes stored per session, and mean bytes of its final conversation."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    stored, final = [], []
+    for sid in sessions:
+        rows = con.execute(
+            "SELECT length(request) + length(response) + length(prompt_ids) + length(output_ids)"
+            " + length(output_logprobs) + length(output_versions),"
+            " length(prompt_ids) + length(output_ids) + length(request)"
+            " FROM completions WHERE session_id = ? ORDER BY created_at", (sid,),
+        ).fetchall()  # fmt: skip
+        if rows:
+            stored.append(sum(r[0] for r in rows))
+            final.append(rows[-1][1])
+    con.close()
+    return sum(stored) / max(1, len(stored)), sum(final) / max(1, len(final))
+
+
 def profile_table(raw: Path) -> list[str]:
     """py-spy's raw stacks ("frame;frame;... count"), summed by the owner of the leaf."""
     counts: collections.Counter[str] = collections.Counter()
@@ -161,6 +195,7 @@ class Bench:
         self.conversations = 0
         self.runs: list[Run] = []
         self.profile: list[str] = []
+        self.long: list[LongRun] = []
 
     def pin(self, core: int, argv: list[str]) -> list[str]:
         return ["taskset", "-c", str(core), *argv] if self.pinned else argv
@@ -205,6 +240,31 @@ class Bench:
             spy.terminate()
             spy.wait(timeout=60)
             self.profile = profile_table(raw)
+        if self.args.long:
+            for sessions in self.args.levels:
+                self.long.append(await self.long_run(server, path, url, sessions))
+
+    async def long_run(self, server: Child, path: str, url: str, sessions: int) -> LongRun:
+        """`--long-turns`-turn sessions in lockstep; CPU per request read after each turn."""
+        if path == GATEWAY:
+            convs = await create_sessions(url, self.admin_key, sessions)
+        else:
+            convs = [Conversation() for _ in range(sessions)]
+        cpu_ms: list[float] = []
+        last = [server.cpu_seconds()]
+
+        def on_turn(_turn: int, answered: int) -> None:
+            now = server.cpu_seconds()
+            cpu_ms.append(1000.0 * (now - last[0]) / max(1, answered))
+            last[0] = now
+
+        res = await run_long(url, convs, self.args.long_turns, on_turn)
+        if path == GATEWAY:
+            self.records += res.records
+        run = LongRun(path, res, cpu_ms, server.proc.memory_info().rss)
+        print(f"{sessions:>3} long sessions {path:<13} {res.ok:>5} ok  CPU ms/req by turns: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in run.buckets().items()))  # fmt: skip
+        return run
 
     async def main(self) -> int:
         ids, eos = answer_ids()
@@ -280,7 +340,30 @@ class Bench:
             return 1
         if self.args.write_docs:
             write_section(DOC, section, BEGIN, END)
+            if self.long:
+                write_section(DOC, self.long_section(db), LONG_BEGIN, LONG_END)
         return 0
+
+    def long_section(self, db: Path) -> str:
+        ref = {r.result.concurrency: r for r in self.long if r.path == PASS}
+        lines = [LONG_BEGIN, "", machine(), "",
+                 f"{self.args.long_turns}-turn sessions in lockstep, every user turn a ~2 kB "
+                 "tool-output block; CPU ms per request by turn:", "",
+                 "| sessions | path | " + " | ".join(f"turns {k}" for k in
+                 self.long[0].buckets()) + " | last / first | vs pass-through, last turns "
+                 "| RSS after, MB |", "|---:|---|" + "---:|" * (len(self.long[0].buckets())
+                 + 3)]  # fmt: skip
+        for r in self.long:
+            b = list(r.buckets().values())
+            vs = b[-1] / list(ref[r.result.concurrency].buckets().values())[-1]
+            lines.append(f"| {r.result.concurrency} | {r.path} | "
+                         + " | ".join(f"{v:.2f}" for v in b)
+                         + f" | {b[-1] / b[0]:.1f}x | {vs:.2f}x | {r.rss / 2**20:.0f} |")  # fmt: skip
+        stored, final = storage(db, {rec.session_id for r in self.long for rec in r.result.records})
+        lines += ["", f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
+                  f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
+                  f"{stored / final:.1f}x.", "", LONG_END]  # fmt: skip
+        return "\n".join(lines)
 
     def section(self, store: str) -> str:
         ref = {r.result.concurrency: r for r in self.runs if r.path == PASS}
@@ -323,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--profile", action="store_true", help="sample the gateway with py-spy")
+    p.add_argument("--long", action="store_true", help="also run long sessions (see --long-turns)")
+    p.add_argument("--long-turns", type=int, default=64)
     p.add_argument("--no-docs", dest="write_docs", action="store_false")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]

@@ -231,3 +231,62 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def tool_output(conversation: int, turn: int, size: int = 2000) -> str:
+    """A ~2 kB block shaped like what a coding agent's tool returns (a file listing)."""
+    lines, n = [], 0
+    while n < size:
+        line = (
+            f"src/module_{conversation}_{turn}/file_{len(lines)}.py: {len(lines) * 37 % 500} lines"
+        )
+        lines.append(line)
+        n += len(line) + 1
+    return "Tool output:\n" + "\n".join(lines)
+
+
+async def run_long(
+    base_url: str,
+    conversations: list[Conversation],
+    turns: int,
+    on_turn: Any,
+    timeout_s: float = 300.0,
+) -> LevelResult:
+    """Long sessions in lockstep: turn t of every conversation at once, then `on_turn(t,
+    answered)` (e.g. to read the server's CPU), so costs can be told apart by turn."""
+    result = LevelResult("long", len(conversations), turns)
+    url = f"{base_url}/chat/completions"
+    histories = [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(i, 0)}]
+        for i in range(len(conversations))
+    ]
+
+    async def one(http: aiohttp.ClientSession, i: int, turn: int) -> bool:
+        conv, messages = conversations[i], histories[i]
+        headers = {"content-type": "application/json", "authorization": f"Bearer {conv.api_key}"}
+        body = json.dumps({"model": "default", "messages": messages, **BODY}).encode()
+        t0 = time.perf_counter()
+        async with http.post(url, data=body, headers=headers) as resp:
+            raw, status = await resp.read(), resp.status
+        result.statuses[status] += 1
+        if status != 200:
+            result.errors.append(f"turn {turn}: HTTP {status}: {raw[:300]!r}")
+            return False
+        result.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+        answer = json.loads(raw)
+        result.records.append(Record(answer["id"], conv.session_id, i, turn))
+        content = answer["choices"][0]["message"].get("content") or ""
+        messages.append({"role": "assistant", "content": content})
+        messages.append({"role": "user", "content": tool_output(i, turn)})
+        return True
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector(len(histories)), timeout=timeout) as http:
+        t0 = time.perf_counter()
+        for turn in range(turns):
+            ok = await asyncio.gather(*(one(http, i, turn) for i in range(len(histories))))
+            on_turn(turn, sum(ok))
+            if not all(ok):
+                break
+        result.wall_s = time.perf_counter() - t0
+    return result

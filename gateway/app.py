@@ -44,7 +44,7 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     recorder = Recorder(db)
     metrics = Metrics()
     core = ServingCore(engine, renderer, repo, recorder, metrics, config)
-    keys = KeyRing(repo, config.admin_key)
+    keys = KeyRing(repo, config.admin_key, cache_size=config.key_cache_size)
     return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, core)
 
 

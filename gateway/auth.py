@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from gateway.errors import APIError
+from gateway.lru import LRU
 from gateway.store.repository import Repository, SessionInfo
 
 KEY_PREFIX = "tsk-"
@@ -48,11 +49,17 @@ class Caller:
 
 
 class KeyRing:
-    def __init__(self, repo: Repository, admin_key: str | None, cache_ttl_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        repo: Repository,
+        admin_key: str | None,
+        cache_ttl_s: float = 2.0,
+        cache_size: int = 100_000,
+    ) -> None:
         self.repo = repo
         self.admin_key = admin_key
         self.cache_ttl_s = cache_ttl_s
-        self._cache: dict[str, tuple[float, SessionInfo]] = {}
+        self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
 
     def is_admin_key(self, key: str | None) -> bool:
         if self.admin_key is None:
@@ -67,16 +74,16 @@ class KeyRing:
             return hit[1]
         info = self.repo.session_by_key_hash(digest)
         if info is not None:
-            self._cache[digest] = (now, info)
+            self._cache.put(digest, (now, info))
         return info
 
     def forget(self, session_id: str) -> None:
-        for digest, (_, info) in list(self._cache.items()):
+        for digest, (_, info) in self._cache.items():
             if info.id == session_id:
-                del self._cache[digest]
+                self._cache.pop(digest)
 
     def remember(self, key: str, info: SessionInfo) -> None:
-        self._cache[hash_key(key)] = (time.monotonic(), info)
+        self._cache.put(hash_key(key), (time.monotonic(), info))
 
     def resolve(self, request: Request, *, allow_admin: bool, allow_ended: bool = False) -> Caller:
         key = bearer_token(request)

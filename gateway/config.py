@@ -61,6 +61,10 @@ class GatewayConfig:
     max_body_bytes: int = _field(16 * 1024 * 1024, "larger request bodies get a 413")
     max_pending_requests: int = _field(1024, "choices generating at once; more get a 429")
     max_n: int = _field(16, "largest `n` (choices per request); more get a 422")
+    parent_cache_size: int = _field(
+        50_000, "recent answers kept in memory to link the next turn (LRU; older: a DB read)"
+    )
+    key_cache_size: int = _field(100_000, "session keys kept in memory (LRU; older: a DB read)")
     tool_parser: str = _field(
         "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"
     )

@@ -169,7 +169,7 @@ def test_tool_turn_masks_the_tool_result_and_trains_both_answers(tokenizer) -> N
     renderer = ChatRenderer(tokenizer)
     eos = int(tokenizer.eos_token_id)
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
-    prompt1 = renderer.render(question, [WEATHER])
+    prompt1 = renderer.render(question, [WEATHER]).ids
     output1 = tokenizer.encode(CALL, add_special_tokens=False) + [eos]
     call = {
         "id": "call_1",
@@ -181,7 +181,7 @@ def test_tool_turn_masks_the_tool_result_and_trains_both_answers(tokenizer) -> N
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"},
     ]
-    prompt2 = renderer.render(history, [WEATHER])
+    prompt2 = renderer.render(history, [WEATHER]).ids
     output2 = tokenizer.encode("It is 22 degrees in Paris.", add_special_tokens=False) + [eos]
     turns = [
         _c("t2", "t1", prompt2, output2, 1.0, 1.0, version=2),

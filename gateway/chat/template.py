@@ -2,11 +2,20 @@
 
 The gateway renders the model's own chat template itself, so the prompt ids it
 records are the ones that were generated from, not a later re-tokenisation.
+
+Incremental prompts: a turn that extends a recorded one does not re-tokenise the whole
+history. Its prompt is the parent's prompt ids + output ids + the encoding of only the
+text rendered after them. That is taken only when the new render provably starts with
+the parent's text (same length and digest of the prefix) and the parent's output ended
+in a special token, which the tokenizer never merges with what follows; anything else
+is a full encode, counted as a fallback.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -72,6 +81,25 @@ def _json_or_text(arguments: Any) -> Any:
     return arguments
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrefix:
+    """What a later render must start with to continue a turn's tokens exactly."""
+
+    length: int  # characters of prompt text + output text
+    digest: bytes
+
+
+@dataclass(slots=True)
+class Rendered:
+    ids: list[int]
+    text: str
+    incremental: bool  # built on the parent's ids (False: a full encode)
+
+
 class ChatRenderer:
     """Holds one tokenizer; rendering reuses its compiled template."""
 
@@ -91,15 +119,36 @@ class ChatRenderer:
         # The tool-call format to parse: the template's own, or the Hermes form the
         # gateway's tool prompt asks for.
         self.tool_parser = detect_tool_parser(template) if self.native_tools else "hermes"
+        self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
+        self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=False).ids
 
     def render(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
-    ) -> list[int]:
+        parent: tuple[list[int], TextPrefix] | None = None,
+    ) -> Rendered:
+        """Prompt ids and text; on the parent's ids when `parent` (its ids, its text
+        prefix) provably starts this render."""
         text = self.render_text(messages, tools, tool_choice)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        if parent is not None:
+            ids, prefix = parent
+            head = text[: prefix.length]
+            if len(head) == prefix.length and _digest(head) == prefix.digest:
+                return Rendered(ids + self.encode(text[prefix.length :]), text, True)
+        return Rendered(self.encode(text), text, False)
+
+    def text_prefix(self, prompt_text: str, output_ids: list[int]) -> TextPrefix | None:
+        """The prefix a child's render must start with, or None when no child can safely
+        continue these tokens (the output did not end in a special token)."""
+        if not output_ids or output_ids[-1] not in self._special:
+            return None
+        full = prompt_text + self.tokenizer.decode(output_ids, skip_special_tokens=False)
+        return TextPrefix(len(full), _digest(full))
 
     def render_text(
         self,

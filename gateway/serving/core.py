@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
-from gateway.chat.template import ChatRenderer
+from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
 from gateway.chat.tool_parsers import ToolParser, make_tool_parser
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
@@ -39,6 +38,7 @@ from gateway.inference.base import (
     TokenChunk,
     TopLogprobs,
 )
+from gateway.lru import LRU
 from gateway.metrics import Metrics
 from gateway.serving.turn import (
     ChoiceOutput,
@@ -106,7 +106,6 @@ class ServingCore:
         recorder: Recorder,
         metrics: Metrics,
         config: GatewayConfig,
-        parent_cache_size: int = 50_000,
     ) -> None:
         self.engine = engine
         self.renderer = renderer
@@ -123,8 +122,9 @@ class ServingCore:
         make_tool_parser(self.tool_parser_name)  # an unknown name fails at start-up
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
-        self._recent: OrderedDict[tuple[str, str], Parent] = OrderedDict()
-        self._recent_max = parent_cache_size
+        self._recent: LRU[tuple[str, str], Parent] = LRU(config.parent_cache_size)
+        # completion id -> the text a child's render must start with (incremental prompts)
+        self._prefixes: LRU[str, TextPrefix] = LRU(config.parent_cache_size)
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -201,10 +201,14 @@ class ServingCore:
         *,
         param: str,
         code: str,
-    ) -> list[int]:
-        """The prompt ids; a template that cannot render the request is the client's 400."""
+        parent: Parent | None = None,
+    ) -> Rendered:
+        """The prompt, on the parent's tokens where it provably continues them; a
+        template that cannot render the request is the client's 400."""
+        prefix = self._prefixes.get(parent[0]) if parent is not None else None
+        on = (parent[1] + parent[2], prefix) if parent is not None and prefix else None
         try:
-            return self.renderer.render(messages, tools, tool_choice)
+            rendered = self.renderer.render(messages, tools, tool_choice, on)
         except Exception as exc:  # jinja errors, bad message shapes
             raise APIError(
                 400,
@@ -213,6 +217,10 @@ class ServingCore:
                 param=param,
                 retryable=False,
             ) from exc
+        if on is not None:
+            kind = "incremental" if rendered.incremental else "fallbacks"
+            self.metrics.inc(f"turnstile_prompts_{kind}_total")
+        return rendered
 
     def tool_parser(self) -> ToolParser:
         """A parser for tool calls in the format of this gateway's model."""
@@ -379,13 +387,12 @@ class ServingCore:
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
             raise APIError(503, str(exc), code="record_failed") from exc
-        self._recent[(turn.session_id, answer_hash)] = (
-            out.completion_id,
-            turn.prompt_ids,
-            out.output_ids,
-        )
-        if len(self._recent) > self._recent_max:
-            self._recent.popitem(last=False)
+        parent = (out.completion_id, turn.prompt_ids, out.output_ids)
+        self._recent.put((turn.session_id, answer_hash), parent)
+        if turn.prompt_text is not None:
+            prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
+            if prefix is not None:
+                self._prefixes.put(out.completion_id, prefix)
         self.metrics.inc("turnstile_completions_total")
         if out.index == 0:  # the choices of one request share its prompt
             self.metrics.inc("turnstile_prompt_tokens_total", len(turn.prompt_ids))

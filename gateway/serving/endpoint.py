@@ -135,6 +135,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         parent: Parent | None = None,
         request: dict[str, Any] | None = None,
         param: str = "messages",
+        prompt_text: str | None = None,
     ) -> Turn:
         """One request as the engine and the store see it: the step `prepare` ends with."""
         params = self.core.sampling_params(
@@ -158,6 +159,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             parent,
             ids,
             body_hash,
+            prompt_text=prompt_text,
         )
 
     # ---- what each endpoint fills in -------------------------------------------------

@@ -41,6 +41,7 @@ class Turn:
     ids: list[str]  # completion id of each choice
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
+    prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
 
 
 @dataclass(slots=True)

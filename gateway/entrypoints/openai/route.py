@@ -3,9 +3,11 @@ the request to its endpoint's serving handler (`OpenAIServing.handle_request`)."
 
 # No `from __future__ import annotations`: FastAPI reads the body's model from the
 # signature, and here that model is a variable.
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import Response
 
 from gateway.state import Retry, Session, serving_of
 
@@ -16,6 +18,13 @@ def openai_route(path: str, request_model: type, serving_cls: type) -> APIRouter
 
     @router.post(path, response_model=None, name=serving_cls.__name__)
     async def route(body: request_model, caller: Session, retry: Retry, serving: Serving) -> Any:  # type: ignore[valid-type]
-        return await serving.handle_request(body, caller.session, retry)
+        reply = await serving.handle_request(body, caller.session, retry)
+        if isinstance(reply, dict):  # plain JSON data: encode it once, no jsonable_encoder pass
+            return Response(_dumps(reply), media_type="application/json")
+        return reply
 
     return router
+
+
+def _dumps(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

@@ -63,21 +63,22 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         tools = None if req.tool_choice == "none" else req.tools
-        prompt_ids = self.core.render(
-            req.messages, tools, req.tool_choice, param="messages", code="invalid_messages"
-        )
+        parent = self.core.find_parent(session.id, candidate_parent_hashes(req.messages, req.tools))
+        prompt = self.core.render(
+            req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",
+            parent=parent,
+        )  # fmt: skip
         turn = self.turn(
             req,
             session,
-            prompt_ids,
+            prompt.ids,
             choice_ids("chatcmpl", req.n),
             body_hash,
             max_tokens=req.max_completion_tokens or req.max_tokens,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stops=req.stop_strings(),
-            parent=self.core.find_parent(
-                session.id, candidate_parent_hashes(req.messages, req.tools)
-            ),
+            parent=parent,
+            prompt_text=prompt.text,
         )
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
         if req.stream:

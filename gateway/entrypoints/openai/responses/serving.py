@@ -93,12 +93,14 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        prompt_ids = self.core.render(
+        parent = self.core.find_parent(session.id, candidate_parent_hashes(messages, tools))
+        prompt = self.core.render(
             messages,
             None if req.tool_choice == "none" else tools,
             req.tool_choice,
             param="input",
             code="invalid_input",
+            parent=parent,
         )
         request = req.model_dump(exclude_none=True)
         if req.previous_response_id is not None:
@@ -106,13 +108,14 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         turn = self.turn(
             req,
             session,
-            prompt_ids,
+            prompt.ids,
             [new_response_id()],
             body_hash,
             max_tokens=req.max_output_tokens,
-            parent=self.core.find_parent(session.id, candidate_parent_hashes(messages, tools)),
+            parent=parent,
             request=request,
             param="input",
+            prompt_text=prompt.text,
         )
         params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)

@@ -1,0 +1,42 @@
+"""Every cache that grows with traffic is a bounded LRU, and what falls out of it is
+read back from the database: a long-running gateway neither grows without bound nor
+loses a link."""
+
+from __future__ import annotations
+
+import pytest
+from gateway_helpers import completion_record, openai_client
+
+from gateway.lru import LRU
+
+
+def test_lru_keeps_the_most_recently_used() -> None:
+    cache: LRU[str, int] = LRU(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "a" is now the most recent
+    cache.put("c", 3)
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
+    assert len(cache) == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        LRU(0)
+
+
+def test_turns_link_after_their_parent_left_a_tiny_cache(gateway_factory, new_session) -> None:
+    gw = gateway_factory({"parent_cache_size": 1, "key_cache_size": 1})
+    sessions = [new_session(gw) for _ in range(3)]
+    firsts = []
+    for _, key in sessions:  # three first turns: the caches hold only the last one
+        messages = [{"role": "user", "content": "Hello"}]
+        reply = openai_client(gw, key).chat.completions.create(model="default", messages=messages)
+        firsts.append((messages, reply))
+    for (session_id, key), (messages, first) in zip(sessions, firsts, strict=True):
+        history = [
+            *messages,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Again?"},
+        ]
+        second = openai_client(gw, key).chat.completions.create(model="default", messages=history)
+        rec = completion_record(gw, session_id, second.id)
+        assert rec["parent_id"] == first.id
+        assert rec["tokens_continue_parent"] is True

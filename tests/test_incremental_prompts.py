@@ -1,0 +1,107 @@
+"""Incremental prompts: a turn that extends its parent is encoded from the parent's ids.
+
+Random multi-turn sessions (hypothesis) with the real SmolLM2 tokenizer and chat
+template: whenever the renderer builds a prompt on its parent's ids, they are exactly
+the ids a full encode of the whole render gives, and it never falls back on a session
+whose client sends the answers back as they were given.
+"""
+
+from __future__ import annotations
+
+from gateway_helpers import completion_record, http_client, openai_client
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gateway.chat.template import ChatRenderer
+
+TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=60
+)
+TURN = st.tuples(TEXT, TEXT)  # (assistant answer, next user message)
+
+
+def _session(
+    renderer: ChatRenderer, system: str | None, first: str, turns: list
+) -> tuple[int, int]:
+    """Run one session; returns (incremental renders, fallbacks)."""
+    tok = renderer.tokenizer
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": first}
+    ]
+    parent = None
+    incremental = fallbacks = 0
+    for answer, user in turns:
+        rendered = renderer.render(messages, parent=parent)
+        full = tok.encode(rendered.text, add_special_tokens=False)
+        if rendered.incremental:
+            incremental += 1
+            assert rendered.ids == full
+        elif parent is not None:
+            fallbacks += 1
+        # The model's answer, tokenised as it would be in context, ending in <|im_end|>.
+        in_context = tok.encode(rendered.text + answer + "<|im_end|>", add_special_tokens=False)
+        assume(in_context[: len(full)] == full)
+        output = in_context[len(full) :]
+        # the client sends back the text the model's tokens decode to (a tokenizer that
+        # drops control characters could not have produced them)
+        assume(tok.decode(output, skip_special_tokens=False) == answer + "<|im_end|>")
+        prefix = renderer.text_prefix(rendered.text, output)
+        assert prefix is not None  # it ends in the stop token
+        parent = (full + output, prefix)
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": user}]
+    return incremental, fallbacks
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(system=st.none() | TEXT, first=TEXT, turns=st.lists(TURN, min_size=2, max_size=6))
+def test_incremental_ids_equal_a_full_encode(tokenizer, system, first, turns) -> None:
+    renderer = ChatRenderer(tokenizer)
+    incremental, fallbacks = _session(renderer, system, first, turns)
+    assert fallbacks == 0
+    assert incremental == len(turns) - 1
+
+
+def test_a_changed_history_falls_back_to_a_full_encode(tokenizer) -> None:
+    renderer = ChatRenderer(tokenizer)
+    first = [{"role": "user", "content": "What is 2 + 2?"}]
+    r1 = renderer.render(first)
+    output = tokenizer.encode("4<|im_end|>", add_special_tokens=False)
+    parent = (r1.ids, renderer.text_prefix(r1.text, output))
+    edited = [  # the client sends the answer back changed: the parent's text is not a prefix
+        *first,
+        {"role": "assistant", "content": "four"},
+        {"role": "user", "content": "And 3 + 3?"},
+    ]
+    r2 = renderer.render(edited, parent=parent)
+    assert not r2.incremental
+    assert r2.ids == tokenizer.encode(r2.text, add_special_tokens=False)
+    # an answer cut off by the length limit (no stop token): no child continues it
+    assert renderer.text_prefix(r1.text, output[:-1]) is None
+
+
+def test_the_gateway_builds_later_turns_on_their_parent(fake_gateway, new_session, tokenizer):
+    """Over HTTP: each later turn is built on its parent's ids, counted in /metrics, and
+    its recorded prompt is what a full encode of the chat template gives."""
+    session_id, key = new_session(fake_gateway)
+    client = openai_client(fake_gateway, key)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    ids = []
+    for turn in range(4):
+        reply = client.chat.completions.create(model="default", messages=messages)
+        ids.append(reply.id)
+        messages += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": f"Tell me more, part {turn}."},
+        ]
+    renderer = ChatRenderer(tokenizer)
+    for n, cid in enumerate(ids):
+        rec = completion_record(fake_gateway, session_id, cid)
+        text = renderer.render_text(rec["request"]["messages"])
+        assert rec["prompt_ids"] == tokenizer.encode(text, add_special_tokens=False)
+        assert rec["tokens_continue_parent"] is (None if n == 0 else True)
+    with http_client() as http:
+        metrics = http.get(f"{fake_gateway.url.removesuffix('/v1')}/metrics").text
+    assert "turnstile_prompts_incremental_total 3" in metrics
+    assert "turnstile_prompts_fallbacks_total" not in metrics
