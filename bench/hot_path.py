@@ -258,7 +258,10 @@ class Bench:
             cpu_ms.append(1000.0 * (now - last[0]) / max(1, answered))
             last[0] = now
 
-        res = await run_long(url, convs, self.args.long_turns, on_turn)
+        res = await run_long(
+            url, convs, self.args.long_turns, on_turn, first_conversation=self.conversations
+        )
+        self.conversations += sessions
         if path == GATEWAY:
             self.records += res.records
         run = LongRun(path, res, cpu_ms, server.proc.memory_info().rss)
@@ -334,7 +337,10 @@ class Bench:
         (ROOT / "runs" / "bench" / "hot_path.json").write_text(
             json.dumps([r.result.summary() | {"cpu_ms": r.cpu_ms} for r in self.runs], indent=1)
         )
-        failed = sum(r.result.failed for r in self.runs)
+        failed = sum(r.result.failed for r in [*self.runs, *self.long])
+        for r in [*self.runs, *self.long]:
+            for error in r.result.errors[:2]:
+                print(f"{r.path}, {r.result.concurrency} sessions: {error}")
         if failed or not store.ok:
             print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
             return 1

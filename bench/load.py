@@ -234,11 +234,13 @@ if __name__ == "__main__":
 
 
 def tool_output(conversation: int, turn: int, size: int = 2000) -> str:
-    """A ~2 kB block shaped like what a coding agent's tool returns (a file listing)."""
+    """A ~2 kB block shaped like a tool's output (a test run's log), ~450 tokens."""
     lines, n = [], 0
     while n < size:
+        k = len(lines)
         line = (
-            f"src/module_{conversation}_{turn}/file_{len(lines)}.py: {len(lines) * 37 % 500} lines"
+            f"test_{turn}_{k} in session {conversation}: the parser reads each line of the "
+            f"input file, keeps the items it finds and skips the empty ones; {k % 7} checks passed."
         )
         lines.append(line)
         n += len(line) + 1
@@ -251,6 +253,7 @@ async def run_long(
     turns: int,
     on_turn: Any,
     timeout_s: float = 300.0,
+    first_conversation: int = 0,
 ) -> LevelResult:
     """Long sessions in lockstep: turn t of every conversation at once, then `on_turn(t,
     answered)` (e.g. to read the server's CPU), so costs can be told apart by turn."""
@@ -274,7 +277,7 @@ async def run_long(
             return False
         result.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
         answer = json.loads(raw)
-        result.records.append(Record(answer["id"], conv.session_id, i, turn))
+        result.records.append(Record(answer["id"], conv.session_id, first_conversation + i, turn))
         content = answer["choices"][0]["message"].get("content") or ""
         messages.append({"role": "assistant", "content": content})
         messages.append({"role": "user", "content": tool_output(i, turn)})

@@ -28,26 +28,33 @@ def canonical(message: dict[str, Any]) -> Any:
     ]
 
 
-def conversation_hash(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> str:
+def _prefix_hashes(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, at_assistants: bool
+) -> list[str]:
+    """One pass over the messages: the hash after each assistant message (or only the
+    last), so a long conversation costs O(N) to hash, not O(N^2)."""
     h = hashlib.sha256()
     h.update(json.dumps(tools or [], sort_keys=True, default=str).encode())
+    out = []
     for m in messages:
         h.update(json.dumps(canonical(m), sort_keys=True, default=str).encode())
         h.update(b"\x00")
-    return h.hexdigest()[:40]
+        if at_assistants and m.get("role") == "assistant":
+            out.append(h.hexdigest()[:40])
+    return out if at_assistants else [h.hexdigest()[:40]]
+
+
+def conversation_hash(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> str:
+    return _prefix_hashes(messages, tools, at_assistants=False)[0]
 
 
 def candidate_parent_hashes(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> list[str]:
     """Hashes of every prefix ending in an assistant message, longest first."""
-    out = []
-    for i in range(len(messages) - 1, 0, -1):
-        if messages[i].get("role") == "assistant":
-            out.append(conversation_hash(messages[: i + 1], tools))
-    return out
+    return _prefix_hashes(messages, tools, at_assistants=True)[::-1]
 
 
 def tokens_continue(parent_prompt: list[int], parent_output: list[int], prompt: list[int]) -> bool:
