@@ -48,6 +48,7 @@ class _Request:
     top_logprobs: list[TopLogprobs] | None = None
     started: float = 0.0
     cancelled: bool = False
+    finished: bool = False
 
 
 class EmbeddedEngine(InferenceEngine):
@@ -244,125 +245,166 @@ class EmbeddedEngine(InferenceEngine):
                 for r in wave:
                     self._finish(r, exc)
 
-    @torch.inference_mode()
-    def _run_wave(self, wave: list[_Request]) -> None:
-        self.waves += 1
-        model = self.model
-        assert model is not None
+    def _admit(self, room: int) -> list[_Request]:
+        """Requests that arrived while a batch decodes: they join it at the next step."""
+        joined: list[_Request] = []
+        while len(joined) < room:
+            try:
+                nxt = self._pending.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                self._pending.put(None)  # shut down once this batch is done
+                break
+            if not nxt.cancelled:
+                joined.append(nxt)
+        return joined
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[_Rows, torch.Tensor]:
+        """Left-padded prompts through the model: their rows and last-position logits.
+
+        Called with the weights lock held, so every row starts at one policy version.
+        """
         from transformers import DynamicCache
 
-        device = self.device
-        pad_id = 0
-        lens = [len(r.prompt_ids) for r in wave]
+        model = self.model
+        assert model is not None
+        lens = [len(r.prompt_ids) for r in reqs]
         width = max(lens)
-        batch = len(wave)
-        input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-        attn = torch.zeros((batch, width), dtype=torch.long)
-        for i, r in enumerate(wave):
+        input_ids = torch.zeros((len(reqs), width), dtype=torch.long)
+        attn = torch.zeros((len(reqs), width), dtype=torch.long)
+        for i, r in enumerate(reqs):
             input_ids[i, width - lens[i] :] = torch.tensor(r.prompt_ids)
             attn[i, width - lens[i] :] = 1
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attn, position_ids = (
-            input_ids.to(device),
-            attn.to(device),
-            position_ids.to(device),
-        )
-
-        temps = torch.tensor(
-            [r.params.temperature for r in wave], dtype=torch.float32, device=device
-        )
-        top_ps = torch.tensor([r.params.top_p for r in wave], dtype=torch.float32, device=device)
-        generators = [_generator_for(r.params.seed, device) for r in wave]
-        stops = [set(r.params.stop_token_ids) for r in wave]
-        tops = [max(0, int(r.params.top_logprobs)) for r in wave]
-        now = time.perf_counter()
-        for r, top in zip(wave, tops, strict=True):
-            r.started = now
-            if top:
-                r.top_logprobs = []
-
-        active = list(range(batch))  # row -> index into `wave`
+        input_ids, attn, position_ids = (t.to(self.device) for t in (input_ids, attn, position_ids))
         cache = DynamicCache()
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attn,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        now = time.perf_counter()
+        for r in reqs:
+            r.started = now
+            if r.params.top_logprobs > 0:
+                r.top_logprobs = []
+        rows = _Rows(
+            reqs=list(reqs),
+            cache=cache,
+            attn=attn,
+            next_pos=position_ids[:, -1:] + 1,
+            temps=torch.tensor(
+                [r.params.temperature for r in reqs], dtype=torch.float32, device=self.device
+            ),
+            top_ps=torch.tensor(
+                [r.params.top_p for r in reqs], dtype=torch.float32, device=self.device
+            ),
+            generators=[_generator_for(r.params.seed, self.device) for r in reqs],
+        )
+        return rows, out.logits[:, -1, :].float()
+
+    def _run_wave(self, wave: list[_Request]) -> None:
+        """Decode a batch until its last row finishes (continuous batching).
+
+        Requests that arrive meanwhile are prefilled and join the running batch between
+        two decode steps, rather than waiting for the slowest row of the batch to finish:
+        agents' turns arrive staggered, and a whole wave waiting for its longest answer
+        left most of the batch idle.
+        """
+        self.waves += 1
+        seen = list(wave)
+        try:
+            self._decode(wave, seen)
+        except Exception as exc:  # fail every row of the batch, joined ones included
+            for r in seen:
+                self._finish(r, exc)
+            raise
+
+    @torch.inference_mode()
+    def _decode(self, wave: list[_Request], seen: list[_Request]) -> None:
+        model = self.model
+        assert model is not None
         with self._weights_lock:
             version = self._version
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attn,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        logits = out.logits[:, -1, :].float()
-        next_pos = position_ids[:, -1:] + 1
+            rows, logits = self._prefill(wave)
+        versions = [version] * len(rows.reqs)
 
         while True:
             # the behaviour policy is the temperature-scaled one (greedy rows: raw logits)
+            temps = rows.temps
             logprobs = torch.log_softmax(
                 logits / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1
             )
-            tokens = _sample(logits, temps, top_ps, generators)
+            tokens = _sample(logits, temps, rows.top_ps, rows.generators)
             chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
             tok_list = tokens.tolist()
             lp_list = chosen.tolist()
-            want_top = max(tops[widx] for widx in active)
+            want_top = max(max(0, int(r.params.top_logprobs)) for r in rows.reqs)
             if want_top:
                 top_vals, top_ids = logprobs.topk(want_top, dim=-1)
                 top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
             keep: list[int] = []
-            for row, widx in enumerate(active):
-                r = wave[widx]
+            for row, r in enumerate(rows.reqs):
                 if r.cancelled:
                     self._finish(r, None, "abort")
                     continue
                 tok = tok_list[row]
                 r.output_ids.append(tok)
                 r.logprobs.append(lp_list[row])
-                r.versions.append(version)
+                r.versions.append(versions[row])
                 alts: TopLogprobs | None = None
                 if r.top_logprobs is not None:
-                    k = tops[widx]
+                    k = max(0, int(r.params.top_logprobs))
                     alts = list(zip(top_ids_l[row][:k], top_vals_l[row][:k], strict=True))
                     r.top_logprobs.append(alts)
                 if r.chunks is not None:
                     chunk = TokenChunk(
-                        [tok], [lp_list[row]], [version], None if alts is None else [alts]
+                        [tok], [lp_list[row]], [versions[row]], None if alts is None else [alts]
                     )
                     r.loop.call_soon_threadsafe(r.chunks.put_nowait, chunk)
-                if tok in stops[widx]:
+                if tok in r.params.stop_token_ids:
                     self._finish(r, None, "stop")
                 elif len(r.output_ids) >= r.params.max_new_tokens:
                     self._finish(r, None, "length")
                 else:
                     keep.append(row)
-            self.tokens_generated += len(active)
-            if not keep:
+            self.tokens_generated += len(rows.reqs)
+            joined = self._admit(self.max_batch_size - len(keep)) if rows.mergeable() else []
+            seen[:] = [r for r in seen if not r.finished] + joined  # bounded by the batch
+            if not keep and not joined:
                 return
-            if len(keep) < len(active):
-                idx = torch.tensor(keep, device=device)
-                cache.batch_select_indices(idx)
-                attn = attn[idx]
-                next_pos = next_pos[idx]
-                tokens = tokens[idx]
-                temps, top_ps = temps[idx], top_ps[idx]
-                generators = [generators[k] for k in keep]
-                active = [active[k] for k in keep]
-            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
             with self._weights_lock:
                 version = self._version
-                out = model(
-                    input_ids=tokens[:, None],
-                    attention_mask=attn,
-                    position_ids=next_pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-            logits = out.logits[:, -1, :].float()
-            next_pos = next_pos + 1
+                parts: list[tuple[_Rows, torch.Tensor]] = []
+                if keep:
+                    rows.select(keep, device=self.device)
+                    step = tokens[torch.tensor(keep, device=self.device)]
+                    rows.attn = torch.cat([rows.attn, rows.attn.new_ones((len(keep), 1))], dim=1)
+                    out = model(
+                        input_ids=step[:, None],
+                        attention_mask=rows.attn,
+                        position_ids=rows.next_pos,
+                        past_key_values=rows.cache,
+                        use_cache=True,
+                    )
+                    rows.next_pos = rows.next_pos + 1
+                    parts.append((rows, out.logits[:, -1, :].float()))
+                if joined:
+                    parts.append(self._prefill(joined))
+            rows, logits = parts[0]
+            for more, more_logits in parts[1:]:
+                rows.extend(more)
+                logits = torch.cat([logits, more_logits])
+            versions = [version] * len(rows.reqs)
 
     def _finish(self, r: _Request, exc: BaseException | None, reason: str = "stop") -> None:
         if r.future.done():
             return
+        r.finished = True
         end = time.perf_counter()
 
         def settle() -> None:
@@ -421,3 +463,65 @@ def _sample(
             ]
         )
     return torch.where(greedy, logits.argmax(-1), sampled)
+
+
+@dataclass(eq=False)
+class _Rows:
+    """The decoding state of a batch, one row per request, left-padded to one width."""
+
+    reqs: list[_Request]
+    cache: object  # transformers DynamicCache
+    attn: torch.Tensor  # (rows, width): 0 over each row's left padding
+    next_pos: torch.Tensor  # (rows, 1): each row's next position id
+    temps: torch.Tensor
+    top_ps: torch.Tensor
+    generators: list[torch.Generator | None]
+
+    def mergeable(self) -> bool:
+        """Rows can join only where every cache layer is a plain growing K/V pair."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(self.cache, "layers", None)
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    def select(self, keep: list[int], device: str) -> None:
+        """Drop finished rows, then the left columns that are padding in every row left."""
+        if len(keep) < len(self.reqs):
+            idx = torch.tensor(keep, device=device)
+            self.cache.batch_select_indices(idx)
+            self.attn, self.next_pos = self.attn[idx], self.next_pos[idx]
+            self.temps, self.top_ps = self.temps[idx], self.top_ps[idx]
+            self.generators = [self.generators[k] for k in keep]
+            self.reqs = [self.reqs[k] for k in keep]
+        pad = int((self.attn.sum(0) == 0).long().cumprod(0).sum())
+        if pad and self.mergeable():
+            self.attn = self.attn[:, pad:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., pad:, :], layer.values[..., pad:, :]
+
+    def extend(self, other: _Rows) -> None:
+        """Append another batch's rows, left-padding the narrower one's cache and mask."""
+        width = max(self.attn.shape[1], other.attn.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
+            mine.values = torch.cat(
+                [_left_pad(mine.values, width), _left_pad(theirs.values, width)]
+            )
+        self.attn = torch.cat(
+            [_left_pad(self.attn, width, dim=1), _left_pad(other.attn, width, dim=1)]
+        )
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.temps = torch.cat([self.temps, other.temps])
+        self.top_ps = torch.cat([self.top_ps, other.top_ps])
+        self.generators += other.generators
+        self.reqs += other.reqs
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    """Zeros on the left of `dim` up to `width` (masked out by the attention mask)."""
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
