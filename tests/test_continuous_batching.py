@@ -70,3 +70,31 @@ async def test_a_batch_stays_within_its_size_and_serves_everyone(tokenizer) -> N
         assert [r.output_ids for r in together] == [r.output_ids for r in alone]
     finally:
         await engine.close()
+
+
+async def test_a_shared_system_prompt_is_prefilled_once_with_the_same_output(tokenizer) -> None:
+    engine = EmbeddedEngine(None, device="cpu", max_batch_size=8)
+    await engine.start()
+    try:
+        system = "You are a careful assistant. Answer in one short sentence. " * 3
+
+        def prompt(question: str) -> list[int]:
+            text = tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        prompts = [prompt(q) for q in ("What is 2 + 3?", "Name a color.", "Is ice cold?")]
+        params = SamplingParams(temperature=0.0, max_new_tokens=8)
+        alone = [await engine.generate(p, params) for p in prompts]
+        assert engine.prefix_tokens_shared == 0, "a lone request has nothing to share"
+
+        together = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        assert engine.prefix_tokens_shared >= 3 * 40, "the system prompt was prefilled per row"
+        for a, t in zip(alone, together, strict=True):
+            assert t.output_ids == a.output_ids
+            assert t.logprobs == pytest.approx(a.logprobs, abs=2e-3)
+    finally:
+        await engine.close()

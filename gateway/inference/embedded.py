@@ -61,12 +61,14 @@ class EmbeddedEngine(InferenceEngine):
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
         max_context: int | None = None,
+        share_prefix: bool = True,
     ) -> None:
         self.model_spec = model
         self.device = device
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self._max_context_override = max_context
+        self.share_prefix = share_prefix
         self.model_dir: Path | None = None
         self.model: torch.nn.Module | None = None
         self._version = 0
@@ -75,6 +77,10 @@ class EmbeddedEngine(InferenceEngine):
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self.tokens_generated = 0
+        self.prefix_tokens_shared = 0  # prompt tokens taken from a shared prefix, not prefilled
+        self._prefix_kv: (
+            tuple[int, tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None
+        ) = None
         self.waves = 0  # batches run so far (requests that arrived together share one)
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -260,25 +266,90 @@ class EmbeddedEngine(InferenceEngine):
                 joined.append(nxt)
         return joined
 
+    def _shared_prefix(self, reqs: list[_Request]) -> int:
+        """How many leading prompt tokens the batch can take from one shared prefill.
+
+        Agents send one system prompt (often kilobytes) with every request; computing
+        its keys and values once per batch, not once per row, is most of a batch's
+        prefill. The last cached prefix is reused while the policy version holds.
+        Every row keeps at least one token of its own, for its logits.
+        """
+        shortest = min(len(r.prompt_ids) for r in reqs) - 1
+        cached = self._prefix_kv
+        if cached is not None and cached[0] == self._version:
+            prefix = cached[1]
+            if len(prefix) <= shortest and all(
+                r.prompt_ids[: len(prefix)] == list(prefix) for r in reqs
+            ):
+                return len(prefix)
+        if len(reqs) < 2:
+            return 0
+        first = reqs[0].prompt_ids
+        n = shortest
+        for r in reqs[1:]:
+            ids = r.prompt_ids
+            k = 0
+            while k < n and ids[k] == first[k]:
+                k += 1
+            n = k
+        return n if n >= SHARED_PREFIX_MIN else 0
+
+    def _prefix_cache(self, prefix: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Keys and values of `prefix` (one row) under the current weights."""
+        from transformers import DynamicCache
+
+        cached = self._prefix_kv
+        if cached is not None and cached[0] == self._version and cached[1] == prefix:
+            return cached[2]
+        assert self.model is not None
+        cache = DynamicCache()
+        self.model(
+            input_ids=torch.tensor([prefix], device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._prefix_kv = (self._version, prefix, kv)
+        return kv
+
     def _prefill(self, reqs: list[_Request]) -> tuple[_Rows, torch.Tensor]:
         """Left-padded prompts through the model: their rows and last-position logits.
 
         Called with the weights lock held, so every row starts at one policy version.
+        A shared prefix is computed once; each row's own part follows it, left-padded,
+        so a row reads [prefix][padding][own tokens] with the padding masked out.
         """
         from transformers import DynamicCache
 
         model = self.model
         assert model is not None
-        lens = [len(r.prompt_ids) for r in reqs]
+        batch = len(reqs)
+        shared = self._shared_prefix(reqs) if self.share_prefix and _plain_layers(model) else 0
+        if shared:
+            kv = self._prefix_cache(tuple(reqs[0].prompt_ids[:shared]))
+            cache = DynamicCache(
+                ddp_cache_data=[
+                    (
+                        k.expand(batch, -1, -1, -1).contiguous(),
+                        v.expand(batch, -1, -1, -1).contiguous(),
+                    )
+                    for k, v in kv
+                ]
+            )
+        else:
+            cache = DynamicCache()
+        own = [r.prompt_ids[shared:] for r in reqs]
+        lens = [len(ids) for ids in own]
         width = max(lens)
-        input_ids = torch.zeros((len(reqs), width), dtype=torch.long)
-        attn = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            input_ids[i, width - lens[i] :] = torch.tensor(r.prompt_ids)
-            attn[i, width - lens[i] :] = 1
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        input_ids = torch.zeros((batch, width), dtype=torch.long)
+        own_attn = torch.zeros((batch, width), dtype=torch.long)
+        for i, ids in enumerate(own):
+            input_ids[i, width - lens[i] :] = torch.tensor(ids)
+            own_attn[i, width - lens[i] :] = 1
+        position_ids = (shared + own_attn.cumsum(-1) - 1).clamp(min=0)
+        attn = torch.cat([torch.ones((batch, shared), dtype=torch.long), own_attn], dim=1)
         input_ids, attn, position_ids = (t.to(self.device) for t in (input_ids, attn, position_ids))
-        cache = DynamicCache()
         out = model(
             input_ids=input_ids,
             attention_mask=attn,
@@ -287,6 +358,7 @@ class EmbeddedEngine(InferenceEngine):
             use_cache=True,
             logits_to_keep=1,
         )
+        self.prefix_tokens_shared += shared * batch
         now = time.perf_counter()
         for r in reqs:
             r.started = now
@@ -463,6 +535,18 @@ def _sample(
             ]
         )
     return torch.where(greedy, logits.argmax(-1), sampled)
+
+
+SHARED_PREFIX_MIN = 16  # shorter common prefixes are not worth a separate forward
+
+
+def _plain_layers(model: torch.nn.Module) -> bool:
+    """Only full-attention models: sliding-window caches cannot take a padded middle."""
+    config = getattr(model, "config", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    return not getattr(config, "sliding_window", None) and all(
+        t == "full_attention" for t in layer_types
+    )
 
 
 @dataclass(eq=False)
