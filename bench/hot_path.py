@@ -182,6 +182,11 @@ def profile_table(raw: Path) -> list[str]:
     return ["| charged to | share of busy samples |", "|---|---:|", *rows]
 
 
+def _py_spy() -> str:
+    """py-spy from PATH, else beside this interpreter (a venv that is not activated)."""
+    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -232,7 +237,7 @@ class Bench:
         if path == GATEWAY and self.args.profile:
             raw = self.work / "profile.txt"
             spy = subprocess.Popen(
-                ["py-spy", "record", "--raw", "-r", "100", "-p", str(server.pid), "-o", str(raw)],
+                [_py_spy(), "record", "--raw", "-r", "100", "-p", str(server.pid), "-o", str(raw)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

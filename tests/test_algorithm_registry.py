@@ -106,3 +106,73 @@ def test_the_actor_makes_the_user_call_and_recomputes_prox_when_stale(version, s
         if stale
         else float(torch.tensor([0.5, 0.7]).sub(torch.log(torch.tensor(16.0))).exp().mean())
     )
+
+
+class TinyEngine:
+    """A real (tiny, per-token) model with AdamW behind the TrainEngine calls."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.1)
+        self.calls: list[dict] = []
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+    def eval(self) -> None:
+        self.model.eval()
+
+    def _mbs(self, data):  # type: ignore[no-untyped-def]
+        from trainer.backend.batches import micro_batches, split_padded
+
+        return micro_batches(split_padded(data), 1024)
+
+    def _logits(self, mb):  # type: ignore[no-untyped-def]
+        return self.model(mb["input_ids"])[mb["logits_mask"]]
+
+    def train_batch(self, data, loss_fn, loss_weight_fn):  # type: ignore[no-untyped-def]
+        self.calls.append(data)
+        self.optimizer.zero_grad()
+        for mb in self._mbs(data):
+            loss, stats = loss_fn(self._logits(mb), mb)
+            loss.backward()
+        self.optimizer.step()
+        return {"loss": float(loss), "trained_tokens": float(loss_weight_fn(mb))}
+
+    def eval_batch(self, data, loss_fn, loss_weight_fn):  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            return sum(float(loss_fn(self._logits(mb), mb)) for mb in self._mbs(data))
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_minibatches_are_updates_measured_against_the_step_start_policy(stale) -> None:
+    from trainer.backend import next_token_logprobs, predicting_positions
+
+    engine = TinyEngine()
+    batch = _batch()
+    mask = batch["attention_mask"]
+    with torch.no_grad():  # what the weights the step starts from give every token
+        # the engine sampled at the batch's temperature: the logprobs are of that
+        logits = (engine.model(batch["input_ids"]) / 0.7).log_softmax(-1)
+        start = logits[:, :-1].gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    cfg = TrainConfig(ppo_n_minibatches=8)
+    stats = PPOActor(engine, cfg).train(batch, version=4 if stale else 3)  # type: ignore[arg-type]
+    # three samples carry signal: three updates of one sample each
+    assert stats["updates"] == 3 and [int(c["input_ids"].shape[0]) for c in engine.calls] == [1] * 3
+    assert stats["trained_tokens"] == 6  # all of them, summed over the updates
+    for call in engine.calls:
+        if not stale:  # on-policy: the behaviour logprobs are the reference
+            assert "prox_logprobs" not in call
+            continue
+        # stale: every update is clipped against the step's starting weights, not
+        # against the weights the previous update left
+        row = int(torch.nonzero((batch["input_ids"] == call["input_ids"][0]).all(1))[0])
+        trained = call["loss_mask"][0].bool() & mask[row]
+        assert torch.allclose(call["prox_logprobs"][0, 1:][trained[1:]], start[row][trained[1:]])
+    assert next_token_logprobs and predicting_positions  # the helpers the actor uses
+
+
+def test_minibatch_count_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="ppo_n_minibatches"):
+        TrainConfig(ppo_n_minibatches=0)

@@ -48,6 +48,15 @@ class TrainConfig:
     micro_batch_tokens: int = 1024
     adv_norm: str = "group"  # group | batch | none
     warmup_steps: int = 0
+    # Optimizer updates per training step (AReaL's `ppo_n_minibatches`): the step's
+    # samples are split into this many parts, each one update, PPO-clipped against the
+    # policy that generated them. More learning per rollout, at little extra compute.
+    ppo_n_minibatches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.ppo_n_minibatches < 1:
+            raise ConfigError(f"train.ppo_n_minibatches must be >= 1, got {self.ppo_n_minibatches}")
+
     # A DeepSpeedEngine subclass ("module.Class" / "file.py:Class") to train with, and
     # optionally its method that replaces the built-in actor: it gets each step's padded
     # batch and calls self.train_batch(batch, loss_fn, loss_weight_fn).

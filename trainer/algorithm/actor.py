@@ -1,9 +1,9 @@
 """The built-in actor: samples -> one padded batch -> `engine.train_batch`.
 
 Reads top to bottom like the algorithm: the registered advantage estimator
-(`train.advantage`), drop samples that carry no signal, then one optimizer step with
-the registered loss (`train.loss`) through the same `train_batch` call a user's
-algorithm makes (AReaL's PPO actor does the same). Only positions that predict a
+(`train.advantage`), drop samples that carry no signal, then `train.ppo_n_minibatches`
+optimizer updates with the registered loss (`train.loss`), each through the same
+`train_batch` call a user's algorithm makes (AReaL's PPO actor does the same). Only positions that predict a
 trained token go through the LM head (`logits_mask`). Staleness is measured here,
 because only the actor knows which policy version it trains.
 """
@@ -98,9 +98,33 @@ class PPOActor:
         batch["logits_mask"] = predicting_positions(batch["loss_mask"])  # the rest: no LM head
         stale = stats.get("staleness_max", 0.0) > 0  # a token sampled by older weights
         stats["prox_recomputed"] = float(stale)
+        parts = min(self.cfg.ppo_n_minibatches, int(keep.sum()))
+        if stale and parts > 1:
+            # every update is measured against the weights the step started from
+            batch["prox_logprobs"] = self._logprobs(batch)
         self.engine.train()
-        loss_fn = self._loss_fn(stale)
-        return {**stats, **self.engine.train_batch(batch, loss_fn, _trained_tokens)}
+        loss_fn = self._loss_fn(stale and parts == 1)
+        results = [
+            self.engine.train_batch(part, loss_fn, _trained_tokens)
+            for part in _split_rows(batch, parts)
+        ]
+        return {**stats, **_merge(results), "updates": float(parts)}
+
+    def _logprobs(self, batch: Batch) -> torch.Tensor:
+        """(B, L) logprobs of `batch` under the current weights, without gradients."""
+        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+
+        def capture(logits: torch.Tensor, mb: Batch) -> torch.Tensor:
+            logprobs = next_token_logprobs(logits, mb).detach().cpu()
+            bounds = mb["cu_seqlens"].tolist()
+            for row, a, b in zip(mb["row"].tolist(), bounds[:-1], bounds[1:], strict=True):
+                out[row, : b - a] = logprobs[a:b]
+            return logprobs.sum() * 0.0
+
+        self.engine.eval()
+        rows = torch.arange(batch["input_ids"].shape[0])
+        self.engine.eval_batch({**batch, "row": rows}, capture, _trained_tokens)
+        return out
 
     def _loss_fn(self, stale: bool) -> LossFn:
         def loss_fn(logits: torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -109,12 +133,33 @@ class PPOActor:
                 # The proximal policy is the weights at the start of this step, and the
                 # step makes one update: they are the weights this pass runs, so their
                 # logprobs are these, detached (a second, no-grad pass would give the
-                # same numbers).
+                # same numbers). With several updates they were computed beforehand.
                 mb = {**mb, "prox_logprobs": logprobs.detach()}
             loss_sum, stats = self.loss(logprobs, mb, self.cfg)
             return loss_sum / mb["loss_mask"].sum().clamp(min=1), stats
 
         return loss_fn
+
+
+# stats of several updates that add up; the others are averaged
+_SUMMED = ("trained_tokens", "packed_tokens", "micro_batches", "train_s")
+
+
+def _split_rows(batch: Batch, parts: int) -> list[Batch]:
+    """`parts` contiguous slices of the rows (advantages were computed over whole groups)."""
+    if parts <= 1:
+        return [batch]
+    chunks = torch.arange(batch["input_ids"].shape[0]).tensor_split(parts)
+    return [{k: v[idx] for k, v in batch.items()} for idx in chunks if len(idx)]
+
+
+def _merge(results: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for r in results for k in r}
+    merged = {}
+    for k in keys:
+        values = [r[k] for r in results if k in r]
+        merged[k] = sum(values) if k in _SUMMED else sum(values) / len(values)
+    return merged
 
 
 def _trained_tokens(mb: Batch) -> torch.Tensor:
