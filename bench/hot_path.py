@@ -35,6 +35,7 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -237,12 +238,23 @@ class Bench:
         if path == GATEWAY and self.args.profile:
             raw = self.work / "profile.txt"
             spy = subprocess.Popen(
-                [_py_spy(), "record", "--raw", "-r", "100", "-p", str(server.pid), "-o", str(raw)],
+                [
+                    _py_spy(),
+                    "record",
+                    "--format",
+                    "raw",
+                    "-r",
+                    "100",
+                    "-p",
+                    str(server.pid),
+                    "-o",
+                    str(raw),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
             await self.measure(server, path, url, max(self.args.levels))
-            spy.terminate()
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT, not SIGTERM
             spy.wait(timeout=60)
             self.profile = profile_table(raw)
         if self.args.long:

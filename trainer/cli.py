@@ -44,6 +44,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if result.stopped_early:
         print(f"time budget       reached: stopped at policy version {result.policy_version}")
+    if result.wall_s:
+        minutes, seconds = divmod(round(result.wall_s), 60)
+        print(f"wall-clock        {minutes} min {seconds} s, start-up and evaluations included")
     if result.evals:
         print(f"held-out eval     {result.run_dir / 'eval.jsonl'}")
         for e in result.evals:

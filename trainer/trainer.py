@@ -55,6 +55,7 @@ class TrainResult:
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out, in step order
     stopped_early: bool = False  # the time budget ended training before total_steps
+    wall_s: float = 0.0  # from the call to `train` to its end, start-up included
 
 
 class Trainer:
@@ -70,12 +71,15 @@ class Trainer:
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
         self._stopped_early = False
+        self._started = time.perf_counter()
 
     # ---- public ----------------------------------------------------------------------
     def train(
         self, workflow: Any = None, dataset: list[dict[str, Any]] | None = None
     ) -> TrainResult:
         cfg = self.config
+        # the time budget counts from here: model loading and start-up are part of the run
+        self._started = time.perf_counter()
         import_files(cfg.imports)
         kind, agent = self._rollout_spec(workflow)
         if dataset is None and not cfg.dataset:
@@ -149,6 +153,7 @@ class Trainer:
             start_step,
             list(runlog.evals),
             self._stopped_early,
+            time.perf_counter() - self._started,
         )
 
     def evaluate(self, workflow: Any = None, checkpoint: str | Path | None = None) -> Any:
@@ -315,7 +320,7 @@ class Trainer:
         eval_rows: list[dict[str, Any]],
     ) -> None:
         cfg = self.config
-        started = time.perf_counter()
+        started = self._started
         # One thread for all training work: one allocator arena, not one per step.
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train")
         loop = asyncio.get_running_loop()
