@@ -48,7 +48,6 @@ from gateway.serving.turn import (
     completion_record,
     text_delta,
 )
-from gateway.store.codec import unpack_ints
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository
 
@@ -187,7 +186,8 @@ class ServingCore:
         found = self.repo.find_parent(session_id, hashes)
         if found is None:
             return None
-        return found[0], unpack_ints(found[1]), unpack_ints(found[2])
+        cid, full = found
+        return Parent(cid, full.prompt_ids, full.output_ids, full.request)
 
     # ---- retries ---------------------------------------------------------------------
     def track(self, session_id: str, body_hash: str | None) -> Tracked:
@@ -387,7 +387,7 @@ class ServingCore:
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
             raise APIError(503, str(exc), code="record_failed") from exc
-        parent = (out.completion_id, turn.prompt_ids, out.output_ids)
+        parent = Parent(out.completion_id, turn.prompt_ids, out.output_ids, turn.request)
         self._recent.put((turn.session_id, answer_hash), parent)
         if turn.prompt_text is not None:
             prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
