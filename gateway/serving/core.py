@@ -121,9 +121,15 @@ class ServingCore:
         make_tool_parser(self.tool_parser_name)  # an unknown name fails at start-up
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
-        self._recent: LRU[tuple[str, str], Parent] = LRU(config.parent_cache_size)
+        self._recent: LRU[tuple[str, str], Parent] = LRU(
+            config.parent_cache_size,
+            max_weight=config.parent_cache_tokens,
+            weigh=lambda p: len(p.prompt_ids) + len(p.output_ids),
+        )
         # completion id -> the text a child's render must start with (incremental prompts)
         self._prefixes: LRU[str, TextPrefix] = LRU(config.parent_cache_size)
+        # (session id, body hash) -> the original a retry waits for. Not an LRU: an entry
+        # lives while its request generates, so `max_pending_requests` bounds them.
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
