@@ -140,20 +140,28 @@ def answer_ids() -> tuple[list[int], int]:
 
 
 def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
-    """Mean bytes stored per session, and mean bytes of its final conversation."""
+    """Mean bytes stored per session, and mean bytes of its final conversation (the last
+    turn's prompt + output ids, 4 bytes each, and its request's JSON, rebuilt whole)."""
+    from sqlalchemy import create_engine
+
+    from gateway.store.repository import Repository
+
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    repo = Repository(create_engine(f"sqlite:///{db}"))
     stored, final = [], []
     for sid in sessions:
         rows = con.execute(
             "SELECT length(request) + length(response) + length(prompt_ids) + length(output_ids)"
-            " + length(output_logprobs) + length(output_versions),"
-            " length(prompt_ids) + length(output_ids) + length(request)"
-            " FROM completions WHERE session_id = ? ORDER BY created_at", (sid,),
+            " + length(output_logprobs) + length(output_versions)"
+            " FROM completions WHERE session_id = ?", (sid,),
         ).fetchall()  # fmt: skip
-        if rows:
+        if rows and sid is not None:
             stored.append(sum(r[0] for r in rows))
-            final.append(rows[-1][1])
+            last = repo.completions(sid)[-1]
+            ids = len(last["prompt_ids"]) + len(last["output_ids"])
+            final.append(4 * ids + len(json.dumps(last["request"])))
     con.close()
+    repo.engine.dispose()
     return sum(stored) / max(1, len(stored)), sum(final) / max(1, len(final))
 
 
@@ -186,7 +194,10 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="turnstile-hotpath-"))
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+        # PYTHONPATH: the servers run this checkout's code, not an installed copy
+        env = dict(
+            os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)
+        )
         env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
         self.children = Children(self.work, env)
         self.pinned = can_pin(0, 1) and bool(shutil.which("taskset"))
