@@ -355,6 +355,8 @@ class Bench:
         if failed or not store.ok:
             print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
             return 1
+        if self.long:
+            print(self.storage_line(db))
         if self.args.write_docs:
             write_section(DOC, section, BEGIN, END)
             if self.long:
@@ -376,11 +378,14 @@ class Bench:
             lines.append(f"| {r.result.concurrency} | {r.path} | "
                          + " | ".join(f"{v:.2f}" for v in b)
                          + f" | {b[-1] / b[0]:.1f}x | {vs:.2f}x | {r.rss / 2**20:.0f} |")  # fmt: skip
-        stored, final = storage(db, {rec.session_id for r in self.long for rec in r.result.records})
-        lines += ["", f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
-                  f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
-                  f"{stored / final:.1f}x.", "", LONG_END]  # fmt: skip
+        lines += ["", self.storage_line(db), "", LONG_END]
         return "\n".join(lines)
+
+    def storage_line(self, db: Path) -> str:
+        stored, final = storage(db, {rec.session_id for r in self.long for rec in r.result.records})
+        return (f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
+                f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
+                f"{stored / final:.2f}x.")  # fmt: skip
 
     def section(self, store: str) -> str:
         ref = {r.result.concurrency: r for r in self.runs if r.path == PASS}

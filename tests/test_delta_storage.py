@@ -156,3 +156,20 @@ def test_a_long_session_is_stored_once_and_read_back_whole(fake_gateway, new_ses
     )
     assert deltas == len(completions) - 1
     assert stored <= 1.5 * final, (stored, final)
+
+
+def test_one_row_rebuilt_in_place_equals_the_session_walk() -> None:
+    """A chain whose turns share all, part of, or none of their parent's tokens."""
+    fulls = [Full({"messages": ["a"], "t": 1}, [1, 2, 3], [4, 5])]
+    prompts = [[1, 2, 3, 4, 5, 6], [1, 2, 7], [1, 2, 7, 8, 9, 9], [5, 5]]
+    rows = [_row("r0", None, delta_columns(None, fulls[0].request, [1, 2, 3]), [4, 5])]
+    for i, prompt in enumerate(prompts, 1):
+        request = {"messages": [*fulls[-1].request["messages"], str(i)], "t": i}
+        cols = delta_columns(fulls[-1], request, prompt)
+        rows.append(_row(f"r{i}", f"r{i - 1}", cols, [10 + i]))
+        fulls.append(Full(request, prompt, [10 + i]))
+    assert [r["is_delta"] for r in rows] == [False, True, True, True, True]
+    walk = Rebuilder(by_id(rows))
+    for row, want in zip(rows, fulls, strict=True):
+        alone = Rebuilder(by_id(rows)).one(row)
+        assert alone == walk.full(row) == want

@@ -130,8 +130,14 @@ class MissingParent(LookupError):
 
 
 class Rebuilder:
-    """Rebuilds rows of one session, each parent once (a session's read walks the chain
-    once, not once per turn). `lookup(id)` gives a stored row's mapping, or None."""
+    """Rebuilds rows of one session from their stored deltas. `lookup(id)` gives a stored
+    row's mapping, or None.
+
+    `full` keeps every row it rebuilds, so reading a whole session walks its chain once
+    (each turn costs its own size, not its depth). `one` rebuilds a single row (a parent
+    to link, a `previous_response_id`) in place along its chain and keeps nothing, so
+    its cost is the row's size plus the chain's deltas, not the sum of its ancestors.
+    """
 
     def __init__(self, lookup: Callable[[str], Any]) -> None:
         self._lookup = lookup
@@ -143,13 +149,10 @@ class Rebuilder:
             raise MissingParent(f"completion {completion_id} is not in the store")
         return row
 
-    def full(self, row: Any) -> Full:
-        """The row's whole request and prompt ids (a mapping with the stored columns)."""
-        done = self._full.get(row["id"])
-        if done is not None:
-            return done
-        pending = [row]  # this row, then its delta ancestors not yet rebuilt
-        while pending[-1]["is_delta"] and pending[-1]["parent_id"] not in self._full:
+    def _chain(self, row: Any, known: dict[str, Full]) -> list[Any]:
+        """The row, then its delta ancestors up to a whole row or one in `known`."""
+        pending = [row]
+        while pending[-1]["is_delta"] and pending[-1]["parent_id"] not in known:
             parent = self._lookup(pending[-1]["parent_id"])
             if parent is None:
                 raise MissingParent(
@@ -157,7 +160,14 @@ class Rebuilder:
                     f"{pending[-1]['parent_id']}, which is not in the store"
                 )
             pending.append(parent)
-        for r in reversed(pending):
+        return pending
+
+    def full(self, row: Any) -> Full:
+        """The row's whole request and prompt ids (a mapping with the stored columns)."""
+        done = self._full.get(row["id"])
+        if done is not None:
+            return done
+        for r in reversed(self._chain(row, self._full)):
             output = unpack_ints(r["output_ids"])
             if r["is_delta"]:
                 request, prompt = rebuild(
@@ -168,6 +178,21 @@ class Rebuilder:
                 request, prompt = r["request"], unpack_ints(r["prompt_ids"])
             self._full[r["id"]] = Full(request, prompt, output)
         return self._full[row["id"]]
+
+    def one(self, row: Any) -> Full:
+        """One row whole, built in place along its chain (nothing of it is kept)."""
+        if row["id"] in self._full:
+            return self._full[row["id"]]
+        chain = self._chain(row, {})[::-1]  # from a whole row down to this one
+        request, prompt = chain[0]["request"], unpack_ints(chain[0]["prompt_ids"])
+        output = unpack_ints(chain[0]["output_ids"])
+        for r in chain[1:]:
+            request = apply_request_delta(request, r["request"])
+            prompt.extend(output)  # the parent's prompt + output, cut to what is shared
+            del prompt[r["prompt_shared"] :]
+            prompt.extend(unpack_ints(r["prompt_ids"]))
+            output = unpack_ints(r["output_ids"])
+        return Full(request, prompt, output)
 
 
 def by_id(rows: Iterable[Any]) -> Callable[[str], Any]:

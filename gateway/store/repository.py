@@ -146,7 +146,7 @@ class Repository:
             if row is None:
                 return None
             return completion_dict(
-                row._mapping, self._rebuilder(conn, session_id).full(row._mapping)
+                row._mapping, self._rebuilder(conn, session_id).one(row._mapping)
             )
 
     def completion_owner(self, completion_ids: list[str]) -> dict[str, str]:
@@ -176,7 +176,7 @@ class Repository:
             rank = {h: i for i, h in enumerate(prefix_hashes)}
             best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
             rebuilder = self._rebuilder(conn, session_id)
-            return best.id, rebuilder.full(rebuilder.row(best.id))
+            return best.id, rebuilder.one(rebuilder.row(best.id))
 
     def _rebuilder(self, conn: Any, session_id: str) -> Rebuilder:
         """A rebuilder over the session's stored rows (deltas: about one conversation)."""
@@ -214,7 +214,7 @@ class Repository:
                 return []
             rebuilder = self._rebuilder(conn, session_id)
             out = sorted(
-                (completion_dict(r._mapping, rebuilder.full(r._mapping)) for r in rows),
+                (completion_dict(r._mapping, rebuilder.one(r._mapping)) for r in rows),
                 key=lambda d: d["choice_index"],
             )
         return out if len(out) == n else []
