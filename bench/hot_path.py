@@ -141,20 +141,28 @@ def answer_ids() -> tuple[list[int], int]:
 
 
 def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
-    """Mean bytes stored per session, and mean bytes of its final conversation."""
+    """Mean bytes stored per session, and mean bytes of its final conversation (the last
+    turn's prompt + output ids, 4 bytes each, and its request's JSON, rebuilt whole)."""
+    from sqlalchemy import create_engine
+
+    from gateway.store.repository import Repository
+
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    repo = Repository(create_engine(f"sqlite:///{db}"))
     stored, final = [], []
     for sid in sessions:
         rows = con.execute(
             "SELECT length(request) + length(response) + length(prompt_ids) + length(output_ids)"
-            " + length(output_logprobs) + length(output_versions),"
-            " length(prompt_ids) + length(output_ids) + length(request)"
-            " FROM completions WHERE session_id = ? ORDER BY created_at", (sid,),
+            " + length(output_logprobs) + length(output_versions)"
+            " FROM completions WHERE session_id = ?", (sid,),
         ).fetchall()  # fmt: skip
-        if rows:
+        if rows and sid is not None:
             stored.append(sum(r[0] for r in rows))
-            final.append(rows[-1][1])
+            last = repo.completions(sid)[-1]
+            ids = len(last["prompt_ids"]) + len(last["output_ids"])
+            final.append(4 * ids + len(json.dumps(last["request"])))
     con.close()
+    repo.engine.dispose()
     return sum(stored) / max(1, len(stored)), sum(final) / max(1, len(final))
 
 
@@ -192,7 +200,10 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="turnstile-hotpath-"))
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+        # PYTHONPATH: the servers run this checkout's code, not an installed copy
+        env = dict(
+            os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)
+        )
         env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
         self.children = Children(self.work, env)
         self.pinned = can_pin(0, 1) and bool(shutil.which("taskset"))
@@ -361,6 +372,8 @@ class Bench:
         if failed or not store.ok:
             print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
             return 1
+        if self.long:
+            print(self.storage_line(db))
         if self.args.write_docs:
             write_section(DOC, section, BEGIN, END)
             if self.long:
@@ -382,11 +395,14 @@ class Bench:
             lines.append(f"| {r.result.concurrency} | {r.path} | "
                          + " | ".join(f"{v:.2f}" for v in b)
                          + f" | {b[-1] / b[0]:.1f}x | {vs:.2f}x | {r.rss / 2**20:.0f} |")  # fmt: skip
-        stored, final = storage(db, {rec.session_id for r in self.long for rec in r.result.records})
-        lines += ["", f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
-                  f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
-                  f"{stored / final:.1f}x.", "", LONG_END]  # fmt: skip
+        lines += ["", self.storage_line(db), "", LONG_END]
         return "\n".join(lines)
+
+    def storage_line(self, db: Path) -> str:
+        stored, final = storage(db, {rec.session_id for r in self.long for rec in r.result.records})
+        return (f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
+                f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
+                f"{stored / final:.2f}x.")  # fmt: skip
 
     def section(self, store: str) -> str:
         ref = {r.result.concurrency: r for r in self.runs if r.path == PASS}

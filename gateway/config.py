@@ -62,7 +62,14 @@ class GatewayConfig:
     max_pending_requests: int = _field(1024, "choices generating at once; more get a 429")
     max_n: int = _field(16, "largest `n` (choices per request); more get a 422")
     parent_cache_size: int = _field(
-        50_000, "recent answers kept in memory to link the next turn (LRU; older: a DB read)"
+        4096,
+        "recent answers kept in memory to link the next turn (LRU; older: a DB read); "
+        "only sessions still talking need theirs",
+    )
+    parent_cache_tokens: int = _field(
+        4_000_000,
+        "most prompt + output tokens those answers may hold together (a long session's "
+        "answer holds its whole prompt); LRU",
     )
     key_cache_size: int = _field(100_000, "session keys kept in memory (LRU; older: a DB read)")
     tool_parser: str = _field(

@@ -1,8 +1,13 @@
-"""A size-bounded, least-recently-used map: every cache that grows with traffic uses one."""
+"""A size-bounded, least-recently-used map: every cache that grows with traffic uses one.
+
+Bounded by entries and, where entries differ in size (a long session's parent holds its
+whole prompt), also by their total weight: whichever bound is hit first evicts.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -10,10 +15,21 @@ V = TypeVar("V")
 
 
 class LRU(Generic[K, V]):
-    def __init__(self, max_entries: int) -> None:
+    def __init__(
+        self,
+        max_entries: int,
+        *,
+        max_weight: int | None = None,
+        weigh: Callable[[V], int] | None = None,
+    ) -> None:
         if max_entries < 1:
             raise ValueError(f"an LRU cache needs room for at least 1 entry, got {max_entries}")
+        if (max_weight is None) != (weigh is None):
+            raise ValueError("max_weight and weigh go together")
         self.max_entries = max_entries
+        self.max_weight = max_weight
+        self._weigh = weigh
+        self.weight = 0
         self._data: OrderedDict[K, V] = OrderedDict()
 
     def get(self, key: K) -> V | None:
@@ -23,13 +39,25 @@ class LRU(Generic[K, V]):
         return value
 
     def put(self, key: K, value: V) -> None:
+        self.pop(key)
         self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+        if self._weigh is not None:
+            self.weight += self._weigh(value)
+        while len(self._data) > self.max_entries or (
+            self.max_weight is not None and self.weight > self.max_weight and self._data
+        ):
+            _, old = self._data.popitem(last=False)
+            self._unweigh(old)
 
     def pop(self, key: K) -> V | None:
-        return self._data.pop(key, None)
+        value = self._data.pop(key, None)
+        if value is not None:
+            self._unweigh(value)
+        return value
+
+    def _unweigh(self, value: V) -> None:
+        if self._weigh is not None:
+            self.weight -= self._weigh(value)
 
     def items(self) -> list[tuple[K, V]]:
         return list(self._data.items())

@@ -40,3 +40,39 @@ def test_turns_link_after_their_parent_left_a_tiny_cache(gateway_factory, new_se
         rec = completion_record(gw, session_id, second.id)
         assert rec["parent_id"] == first.id
         assert rec["tokens_continue_parent"] is True
+
+
+def test_lru_bounded_by_weight_evicts_the_oldest_first() -> None:
+    cache: LRU[str, list[int]] = LRU(10, max_weight=5, weigh=len)
+    cache.put("a", [1, 2])
+    cache.put("b", [1, 2])
+    cache.put("a", [1, 2, 3])  # replacing re-weighs: 3 + 2
+    assert cache.weight == 5 and len(cache) == 2
+    cache.put("c", [1])  # 6 > 5: "b" (least recent) goes
+    assert cache.get("b") is None and cache.weight == 4
+    cache.put("d", list(range(9)))  # heavier than the bound: nothing is kept
+    assert len(cache) == 0 and cache.weight == 0
+
+
+def test_a_parent_too_heavy_for_the_cache_is_rebuilt_from_the_store(
+    gateway_factory, new_session
+) -> None:
+    """With a token budget smaller than one answer, every parent is a DB read, where it
+    is stored as a delta: the link, the token continuation and the read-back hold."""
+    gw = gateway_factory({"parent_cache_tokens": 1})
+    session_id, key = new_session(gw)
+    client = openai_client(gw, key)
+    messages = [{"role": "user", "content": "Hello"}]
+    ids = []
+    for _ in range(3):
+        reply = client.chat.completions.create(model="default", messages=messages)
+        ids.append(reply.id)
+        messages += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Again?"},
+        ]
+    assert len(gw.state.core._recent) == 0
+    for parent, child in zip(ids, ids[1:], strict=False):
+        rec = completion_record(gw, session_id, child)
+        assert rec["parent_id"] == parent and rec["tokens_continue_parent"] is True
+    assert not gw.state.core._inflight  # retry entries live only while generating

@@ -48,7 +48,6 @@ from gateway.serving.turn import (
     completion_record,
     text_delta,
 )
-from gateway.store.codec import unpack_ints
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository
 
@@ -122,9 +121,15 @@ class ServingCore:
         make_tool_parser(self.tool_parser_name)  # an unknown name fails at start-up
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
-        self._recent: LRU[tuple[str, str], Parent] = LRU(config.parent_cache_size)
+        self._recent: LRU[tuple[str, str], Parent] = LRU(
+            config.parent_cache_size,
+            max_weight=config.parent_cache_tokens,
+            weigh=lambda p: len(p.prompt_ids) + len(p.output_ids),
+        )
         # completion id -> the text a child's render must start with (incremental prompts)
         self._prefixes: LRU[str, TextPrefix] = LRU(config.parent_cache_size)
+        # (session id, body hash) -> the original a retry waits for. Not an LRU: an entry
+        # lives while its request generates, so `max_pending_requests` bounds them.
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -187,7 +192,8 @@ class ServingCore:
         found = self.repo.find_parent(session_id, hashes)
         if found is None:
             return None
-        return found[0], unpack_ints(found[1]), unpack_ints(found[2])
+        cid, full = found
+        return Parent(cid, full.prompt_ids, full.output_ids, full.request)
 
     # ---- retries ---------------------------------------------------------------------
     def track(self, session_id: str, body_hash: str | None) -> Tracked:
@@ -387,7 +393,7 @@ class ServingCore:
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
             raise APIError(503, str(exc), code="record_failed") from exc
-        parent = (out.completion_id, turn.prompt_ids, out.output_ids)
+        parent = Parent(out.completion_id, turn.prompt_ids, out.output_ids, turn.request)
         self._recent.put((turn.session_id, answer_hash), parent)
         if turn.prompt_text is not None:
             prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)

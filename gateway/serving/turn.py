@@ -6,13 +6,21 @@ import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.chat.linking import tokens_continue
 from gateway.inference.base import SamplingParams, TopLogprobs
+from gateway.store.delta import Full
 from gateway.store.records import CompletionRecord
 
-Parent = tuple[str, list[int], list[int]]  # completion id, its prompt ids, its output ids
+
+class Parent(NamedTuple):
+    """The earlier turn a request continues: its child is stored as a delta on it."""
+
+    id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    request: dict[str, Any] | None = None  # as recorded (None: unknown; the child is stored whole)
 
 
 def request_hash(body: bytes) -> str:
@@ -86,15 +94,22 @@ def completion_record(
         output_versions=out.versions,
         finish_reason=finish_reason,
         prefix_hash=prefix_hash,
-        parent_id=parent[0] if parent else None,
+        parent_id=parent.id if parent else None,
         tokens_continue_parent=(
-            tokens_continue(parent[1], parent[2], turn.prompt_ids) if parent else None
+            tokens_continue(parent.prompt_ids, parent.output_ids, turn.prompt_ids)
+            if parent
+            else None
         ),
         request_hash=turn.request_hash,
         choice_index=out.index,
         queue_s=out.queue_s,
         gen_s=out.gen_s,
         total_s=time.perf_counter() - turn.started,
+        parent=(
+            Full(parent.request, parent.prompt_ids, parent.output_ids)
+            if parent is not None and parent.request is not None
+            else None
+        ),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.store.codec import pack_floats, pack_ints
+from gateway.store.delta import Full, delta_columns
 
 
 @dataclass(slots=True)
@@ -36,9 +37,11 @@ class CompletionRecord:
     gen_s: float = 0.0
     total_s: float = 0.0
     created_at: float = field(default_factory=time.time)
+    parent: Full | None = None  # the parent as asked: this row is stored as a delta on it
 
     def to_row(self) -> dict[str, Any]:
-        """The `completions` table row: token arrays packed to compact binary."""
+        """The `completions` table row: token arrays packed to compact binary, request
+        and prompt ids as a delta on the parent's where the turn continues it."""
         n = len(self.output_ids)
         return {
             "id": self.id,
@@ -47,9 +50,8 @@ class CompletionRecord:
             "created_at": self.created_at,
             "endpoint": self.endpoint,
             "model": self.model,
-            "request": self.request,
             "response": self.response,
-            "prompt_ids": pack_ints(self.prompt_ids),
+            **delta_columns(self.parent, self.request, self.prompt_ids),
             "output_ids": pack_ints(self.output_ids),
             "output_logprobs": pack_floats(self.output_logprobs[:n]),
             "output_versions": pack_ints(self.output_versions[:n]),

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from gateway.store.codec import unpack_floats, unpack_ints
+from gateway.store.delta import Full, Rebuilder, by_id
 from gateway.store.schema import CompletionRow, SessionRow
 
 
@@ -125,12 +126,15 @@ class Repository:
 
     # ---- completions -----------------------------------------------------------------
     def completions(self, session_id: str) -> list[dict[str, Any]]:
+        """Every completion of the session, whole (delta rows rebuilt, each parent once)."""
         c = CompletionRow.__table__
         with self.engine.connect() as conn:
             rows = conn.execute(
                 select(c).where(c.c.session_id == session_id).order_by(c.c.created_at, c.c.id)
             ).all()
-        return [completion_dict(r._mapping) for r in rows]
+        maps = [r._mapping for r in rows]
+        rebuilder = Rebuilder(by_id(maps))
+        return [completion_dict(m, rebuilder.full(m)) for m in maps]
 
     def completion(self, session_id: str, completion_id: str) -> dict[str, Any] | None:
         """One completion of this session (None if unknown, or another session's)."""
@@ -139,7 +143,11 @@ class Repository:
             row = conn.execute(
                 select(c).where(c.c.id == completion_id, c.c.session_id == session_id)
             ).first()
-        return None if row is None else completion_dict(row._mapping)
+            if row is None:
+                return None
+            return completion_dict(
+                row._mapping, self._rebuilder(conn, session_id).one(row._mapping)
+            )
 
     def completion_owner(self, completion_ids: list[str]) -> dict[str, str]:
         c = CompletionRow.__table__
@@ -149,26 +157,37 @@ class Repository:
             ).all()
         return {r.id: r.session_id for r in rows}
 
-    def find_parent(
-        self, session_id: str, prefix_hashes: list[str]
-    ) -> tuple[str, bytes, bytes] | None:
-        """Latest completion of the session whose (messages + answer) hash is in the list.
+    def find_parent(self, session_id: str, prefix_hashes: list[str]) -> tuple[str, Full] | None:
+        """Latest completion of the session whose (messages + answer) hash is in the list,
+        with its whole request and prompt ids.
 
         The list is ordered longest prefix first; the longest match wins.
         """
         if not prefix_hashes:
             return None
         c = CompletionRow.__table__
-        q = select(c.c.id, c.c.prefix_hash, c.c.prompt_ids, c.c.output_ids, c.c.created_at).where(
+        q = select(c.c.id, c.c.prefix_hash, c.c.created_at).where(
             c.c.session_id == session_id, c.c.prefix_hash.in_(prefix_hashes)
         )
         with self.engine.connect() as conn:
             rows = conn.execute(q).all()
-        if not rows:
-            return None
-        rank = {h: i for i, h in enumerate(prefix_hashes)}
-        best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
-        return best.id, best.prompt_ids, best.output_ids
+            if not rows:
+                return None
+            rank = {h: i for i, h in enumerate(prefix_hashes)}
+            best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
+            rebuilder = self._rebuilder(conn, session_id)
+            return best.id, rebuilder.one(rebuilder.row(best.id))
+
+    def _rebuilder(self, conn: Any, session_id: str) -> Rebuilder:
+        """A rebuilder over the session's stored rows (deltas: about one conversation)."""
+        c = CompletionRow.__table__
+        rows = conn.execute(
+            select(
+                c.c.id, c.c.parent_id, c.c.is_delta, c.c.prompt_shared, c.c.request,
+                c.c.prompt_ids, c.c.output_ids,
+            ).where(c.c.session_id == session_id)
+        ).all()  # fmt: skip
+        return Rebuilder(by_id(r._mapping for r in rows))
 
     def request_rows(self, session_id: str, request_hash: str, n: int) -> list[dict[str, Any]]:
         """The `n` choices of the latest request of the session with this body hash.
@@ -191,7 +210,13 @@ class Repository:
                 return []
             ids = [first.id] + [f"{first.id}-{i}" for i in range(1, n)]
             rows = conn.execute(select(c).where(c.c.id.in_(ids))).all()
-        out = sorted((completion_dict(r._mapping) for r in rows), key=lambda d: d["choice_index"])
+            if len(rows) != n:
+                return []
+            rebuilder = self._rebuilder(conn, session_id)
+            out = sorted(
+                (completion_dict(r._mapping, rebuilder.one(r._mapping)) for r in rows),
+                key=lambda d: d["choice_index"],
+            )
         return out if len(out) == n else []
 
     # ---- rewards ---------------------------------------------------------------------
@@ -219,8 +244,9 @@ def _row_info(row: Any) -> SessionInfo:
     )
 
 
-def completion_dict(m: Any) -> dict[str, Any]:
-    """A completion row as plain JSON-able data, token arrays decoded."""
+def completion_dict(m: Any, full: Full) -> dict[str, Any]:
+    """A completion row as plain JSON-able data: token arrays decoded, and the request and
+    prompt ids whole (`full`, rebuilt where the row is a delta)."""
     return dict(
         id=m["id"],
         session_id=m["session_id"],
@@ -228,10 +254,10 @@ def completion_dict(m: Any) -> dict[str, Any]:
         created_at=m["created_at"],
         endpoint=m["endpoint"],
         model=m["model"],
-        request=m["request"],
+        request=full.request,
         response=m["response"],
-        prompt_ids=unpack_ints(m["prompt_ids"]),
-        output_ids=unpack_ints(m["output_ids"]),
+        prompt_ids=full.prompt_ids,
+        output_ids=full.output_ids,
         output_logprobs=unpack_floats(m["output_logprobs"]),
         output_versions=unpack_ints(m["output_versions"]),
         finish_reason=m["finish_reason"],

@@ -34,11 +34,16 @@ class CompletionRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     endpoint: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(128))
-    # messages, tools and sampling params as the client sent them
+    # messages, tools and sampling params as the client sent them; in a delta row, what
+    # differs from the parent's (store/delta.py)
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     # the assistant message we answered with
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # in a delta row, the ids after the first `prompt_shared` (the parent's prompt + output)
     prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    # stored as a delta on parent_id's request and prompt (False: stored whole)
+    is_delta: Mapped[bool] = mapped_column(default=False)
+    prompt_shared: Mapped[int] = mapped_column(Integer, default=0)
     output_ids: Mapped[bytes] = mapped_column(LargeBinary)
     output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
     output_versions: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,0 +1,141 @@
+"""Gateway memory over many short sessions: does RSS stay flat once its caches are full?
+
+Every cache that grows with traffic is a bounded LRU (gateway/lru.py), so after the
+first few thousand sessions the gateway's RSS should stop growing. This drives
+`--sessions` short sessions (create, `--turns` chat turns that continue each other,
+end) through `turnstile serve --engine fake` (instant answers, its own process) and
+reads the server's RSS at checkpoints. Target: RSS after 20,000 sessions within 10% of
+RSS after 2,000.
+
+    python -m bench.rss                  # 20,000 sessions, ~10 min on 2 cores
+    python -m bench.rss --sessions 4000 --no-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.procs import Child, Children, free_port
+from bench.report import write_section
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- BEGIN rss (written by bench/rss.py) -->"
+END = "<!-- END rss -->"
+SYSTEM = "You are a careful assistant. Answer briefly and show your work. " * 5
+
+
+async def one_session(
+    http: aiohttp.ClientSession, url: str, admin: str, n: int, turns: int
+) -> None:
+    async with http.post(f"{url}/sessions", headers={"Authorization": f"Bearer {admin}"},
+                         json={"metadata": {"n": n}}) as r:  # fmt: skip
+        r.raise_for_status()
+        body = await r.json()
+    key = {"Authorization": f"Bearer {body['api_key']}"}
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Session {n}, question {turn}: 2+{turn}?"})
+        req = {"model": "default", "messages": messages, "max_tokens": 16, "logprobs": True}
+        async with http.post(f"{url}/chat/completions", headers=key, json=req) as r:
+            r.raise_for_status()
+            reply = await r.json()
+        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+    async with http.post(f"{url}/sessions/{body['id']}/end", headers=key) as r:
+        r.raise_for_status()
+
+
+async def drive(
+    server: Child, url: str, admin: str, sessions: int, turns: int, concurrency: int,
+    checkpoints: list[int],
+) -> dict[int, float]:  # fmt: skip
+    """RSS in MB when the number of finished sessions reaches each checkpoint."""
+    rss: dict[int, float] = {}
+    done = 0
+    next_n = iter(range(sessions))
+    began = time.perf_counter()
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal done
+        for n in next_n:
+            await one_session(http, url, admin, n, turns)
+            done += 1
+            if done in checkpoints:
+                rss[done] = server.proc.memory_info().rss / 2**20
+                print(f"{done:>6} sessions  RSS {rss[done]:7.1f} MB  "
+                      f"{time.perf_counter() - began:6.0f} s", flush=True)  # fmt: skip
+
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(60)) as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    return rss
+
+
+def section(args: argparse.Namespace, rss: dict[int, float]) -> str:
+    first, last = rss[args.first], rss[args.sessions]
+    rows = "\n".join(f"| {n:,} | {mb:.1f} |" for n, mb in sorted(rss.items()))
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    return "\n".join([
+        BEGIN, "",
+        f"Measured {when} on {os.cpu_count()} cores ({platform.processor() or 'AMD EPYC'}), "
+        f"no GPU, Python {platform.python_version()}: `python -m bench.rss --sessions "
+        f"{args.sessions} --turns {args.turns} --concurrency {args.concurrency}` "
+        "(`turnstile serve --engine fake`, default cache bounds).", "",
+        "| sessions finished | gateway RSS, MB |", "|---:|---:|", rows, "",
+        f"RSS after {args.sessions:,} sessions / after {args.first:,}: "
+        f"**{last / first:.3f}x** (target: within 10%).", "", END,
+    ])  # fmt: skip
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="turnstile-rss-"))
+    # PYTHONPATH: the server runs this checkout's code, not an installed copy
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
+    children = Children(work, env)
+    admin = "adm-" + secrets.token_hex(16)
+    port = free_port()
+    turnstile = str(Path(sys.executable).parent / "turnstile")
+    argv = [turnstile, "serve", "--engine", "fake", "--port", str(port),
+            "--database", str(work / "gateway.db"), "--admin-key", admin]  # fmt: skip
+    try:
+        server = children.start("gateway", argv)
+        server.wait_http(f"http://127.0.0.1:{port}/healthz")
+        checkpoints = sorted(
+            {args.first, args.sessions, *range(0, args.sessions + 1, args.every)} - {0}
+        )
+        rss = await drive(server, f"http://127.0.0.1:{port}/v1", admin, args.sessions,
+                          args.turns, args.concurrency, checkpoints)  # fmt: skip
+    finally:
+        children.stop_all()
+    ratio = rss[args.sessions] / rss[args.first]
+    print(f"RSS {args.sessions} / {args.first} sessions: {ratio:.3f}x")
+    if args.write_docs:
+        write_section(DOC, section(args, rss), BEGIN, END)
+    return 0 if ratio <= 1.10 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=20_000)
+    p.add_argument("--first", type=int, default=2_000, help="the reference checkpoint")
+    p.add_argument("--every", type=int, default=2_000, help="also read RSS every this many")
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--no-docs", dest="write_docs", action="store_false")
+    return asyncio.run(main_async(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

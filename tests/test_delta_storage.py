@@ -1,0 +1,175 @@
+"""Delta storage: a turn stores only what is new on its parent, reads rebuild it whole.
+
+The migration test reads a database written by the code from before delta storage
+(tests/fixtures/make_pre_delta_db.py) and compares every read with what that code
+answered, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gateway_helpers import admin_headers, bearer, openai_client
+
+from gateway.config import GatewayConfig
+from gateway.inference.fake import FakeEngine
+from gateway.server import BackgroundGateway
+from gateway.store.delta import Full, Rebuilder, by_id, delta_columns, same, shared_prefix
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_same_is_json_equality() -> None:
+    assert same({"a": [1, "x"]}, {"a": [1, "x"]})
+    assert not same(1, 1.0) and not same(1, True) and not same(0.0, -0.0)
+    assert not same({"a": 1, "b": 2}, {"b": 2, "a": 1})  # key order is in the bytes
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "n"), [([], [1], 0), ([1, 2, 3], [1, 2, 3, 4], 3), ([1, 2, 3], [1, 9, 3], 1),
+                      (list(range(1000)), [*range(517), -1], 517)],
+)  # fmt: skip
+def test_shared_prefix(a: list[int], b: list[int], n: int) -> None:
+    assert shared_prefix(a, b) == shared_prefix(b, a) == n
+
+
+def _row(cid: str, parent: str | None, cols: dict[str, Any], output: list[int]) -> dict[str, Any]:
+    from gateway.store.codec import pack_ints
+
+    return {"id": cid, "parent_id": parent, "output_ids": pack_ints(output), **cols}
+
+
+def test_a_delta_rebuilds_the_request_and_prompt_exactly() -> None:
+    parent = Full(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7,
+         "tools": [{"x": 1}]},
+        [1, 2, 3],
+        [4, 5],
+    )  # fmt: skip
+    child_request = {
+        "temperature": 1,  # an int now: must come back as 1, not 0.7 or 1.0
+        "model": "m",
+        "messages": [*parent.request["messages"], {"role": "assistant", "content": "yo"},
+                     {"role": "user", "content": "more"}],
+        "seed": 3,
+    }  # fmt: skip
+    cols = delta_columns(parent, child_request, [1, 2, 3, 4, 9, 9])
+    assert cols["is_delta"] and cols["prompt_shared"] == 4
+    assert "tools" not in json.dumps(cols["request"])  # dropped, and the old messages too
+    rows = [
+        _row("p", None, delta_columns(None, parent.request, parent.prompt_ids), parent.output_ids),
+        _row("c", "p", cols, [7]),
+    ]
+    full = Rebuilder(by_id(rows)).full(rows[1])
+    assert json.dumps(full.request) == json.dumps(child_request)
+    assert full.prompt_ids == [1, 2, 3, 4, 9, 9] and full.output_ids == [7]
+
+
+def test_a_turn_that_continues_nothing_is_stored_whole() -> None:
+    parent = Full({"messages": [{"role": "user", "content": "a"}]}, [5, 6], [7])
+    cols = delta_columns(parent, {"messages": [{"role": "user", "content": "b"}]}, [8, 6])
+    assert not cols["is_delta"] and cols["request"] == {
+        "messages": [{"role": "user", "content": "b"}]
+    }
+
+
+def _gateway(tokenizer: Any, db: Path, admin_key: str) -> BackgroundGateway:
+    engine = FakeEngine(
+        reply_ids=tokenizer.encode("The answer is 4.", add_special_tokens=False),
+        stop_id=int(tokenizer.eos_token_id),
+        encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+    )
+    config = GatewayConfig(port=0, database=str(db), admin_key=admin_key, engine="fake")
+    return BackgroundGateway(config, engine=engine).start()
+
+
+def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer) -> None:
+    db = tmp_path / "old.db"
+    shutil.copy(FIXTURES / "pre_delta.db", db)
+    before = json.loads((FIXTURES / "pre_delta_reads.json").read_text())
+    old_bytes = _stored_bytes(db)
+    gw = _gateway(tokenizer, db, "admin-fixture")  # opening it migrates it
+    try:
+        headers = {"Authorization": "Bearer admin-fixture"}
+        with httpx.Client(timeout=60, headers=headers) as http:
+            for sid, reads in before.items():
+                assert http.get(f"{gw.url}/sessions/{sid}").text == reads["get"]
+                for style in ("individual", "concat"):
+                    r = http.get(f"{gw.url}/sessions/{sid}/export",
+                                 params={"style": style, "turn_discount": 0.9})  # fmt: skip
+                    assert r.text == reads[style], (sid, style)
+    finally:
+        gw.stop()
+    with sqlite3.connect(db) as con:
+        kinds = dict(con.execute("SELECT is_delta, count(*) FROM completions GROUP BY is_delta"))
+        assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0004"
+    # the fixture's turns that continue their parent became deltas; the roots, the
+    # edited history and the first previous_response_id turn's new key stayed whole
+    assert kinds[1] >= 8 and kinds[0] >= 4, kinds
+    assert _stored_bytes(db) < old_bytes
+
+
+def _stored_bytes(db: Path) -> int:
+    with sqlite3.connect(db) as con:
+        return con.execute(
+            "SELECT sum(length(request) + length(prompt_ids)) FROM completions"
+        ).fetchone()[0]
+
+
+def test_a_long_session_is_stored_once_and_read_back_whole(fake_gateway, new_session) -> None:
+    """Stored bytes grow with the conversation, not with turns x conversation; every
+    turn reads back with the exact request it sent."""
+    session_id, key = new_session(fake_gateway)
+    client = openai_client(fake_gateway, key)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You help. " * 50}]
+    sent = []
+    for turn in range(24):
+        messages.append({"role": "user", "content": f"Tool output {turn}: " + "x y z " * 60})
+        reply = client.chat.completions.create(model="default", messages=messages)
+        sent.append([dict(m) for m in messages])
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+    with httpx.Client(timeout=60) as http:
+        got = http.get(f"{fake_gateway.url}/sessions/{session_id}", headers=admin_headers())
+        own = http.get(f"{fake_gateway.url}/sessions/{session_id}", headers=bearer(key))
+    assert got.status_code == own.status_code == 200
+    completions = got.json()["completions"]
+    assert [c["request"]["messages"] for c in completions] == sent
+    for parent, child in zip(completions, completions[1:], strict=False):
+        assert child["parent_id"] == parent["id"] and child["tokens_continue_parent"] is True
+        assert child["prompt_ids"][: len(parent["prompt_ids"])] == parent["prompt_ids"]
+    db = Path(fake_gateway.config.database)
+    with sqlite3.connect(db) as con:
+        stored, deltas = con.execute(
+            "SELECT sum(length(request) + length(response) + length(prompt_ids)"
+            " + length(output_ids) + length(output_logprobs) + length(output_versions)),"
+            " sum(is_delta) FROM completions WHERE session_id = ?", (session_id,),
+        ).fetchone()  # fmt: skip
+    last = completions[-1]
+    final = 4 * (len(last["prompt_ids"]) + len(last["output_ids"])) + len(
+        json.dumps(last["request"])
+    )
+    assert deltas == len(completions) - 1
+    assert stored <= 1.5 * final, (stored, final)
+
+
+def test_one_row_rebuilt_in_place_equals_the_session_walk() -> None:
+    """A chain whose turns share all, part of, or none of their parent's tokens."""
+    fulls = [Full({"messages": ["a"], "t": 1}, [1, 2, 3], [4, 5])]
+    prompts = [[1, 2, 3, 4, 5, 6], [1, 2, 7], [1, 2, 7, 8, 9, 9], [5, 5]]
+    rows = [_row("r0", None, delta_columns(None, fulls[0].request, [1, 2, 3]), [4, 5])]
+    for i, prompt in enumerate(prompts, 1):
+        request = {"messages": [*fulls[-1].request["messages"], str(i)], "t": i}
+        cols = delta_columns(fulls[-1], request, prompt)
+        rows.append(_row(f"r{i}", f"r{i - 1}", cols, [10 + i]))
+        fulls.append(Full(request, prompt, [10 + i]))
+    assert [r["is_delta"] for r in rows] == [False, True, True, True, True]
+    walk = Rebuilder(by_id(rows))
+    for row, want in zip(rows, fulls, strict=True):
+        alone = Rebuilder(by_id(rows)).one(row)
+        assert alone == walk.full(row) == want
