@@ -289,3 +289,43 @@ def test_parser_accepts_a_call_the_model_did_not_close():
     parser, events = feed_in_pieces('<tool_call>\n{"name": "get_time", "arguments": {}}', 5)
     assert [e.call.name for e in events if isinstance(e, ToolCallEvent)] == ["get_time"]
     assert parser.failures == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_replies_validate_as_the_openai_types(fake_gateway, new_session, stream):
+    """The replies are built as plain dicts; they must still be exactly the API's shapes
+    (validated, not just constructed, by the openai package's pydantic models)."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    _, key = new_session(fake_gateway)
+    fake_gateway.engine.script(HERMES_CALL)
+    body = {
+        "messages": QUESTION,
+        "tools": [WEATHER, TIME],
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream": stream,
+        "stream_options": {"include_usage": True} if stream else None,
+    }
+    r = httpx.post(
+        f"{fake_gateway.url}/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={k: v for k, v in body.items() if v is not None},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    if not stream:
+        reply = ChatCompletion.model_validate(r.json(), strict=False)
+        [call] = reply.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and reply.usage.total_tokens > 0
+        assert all(len(e.top_logprobs) == 2 for e in reply.choices[0].logprobs.content)
+        return
+    frames = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate(json.loads(f)) for f in frames[:-1]]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    names = [
+        tc.function.name for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []
+    ]
+    assert "get_weather" in names
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0

@@ -41,8 +41,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from gateway.inference.base import (
     EngineError,
     GenerationResult,
@@ -51,6 +49,7 @@ from gateway.inference.base import (
     TokenChunk,
     TopLogprobs,
 )
+from gateway.inference.http_client import ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
 from gateway.inference.routing import StickyRouter
 from gateway.inference.sglang_protocol import (
     as_int,
@@ -140,7 +139,7 @@ class SGLangEngine(InferenceEngine):
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._client: httpx.AsyncClient | None = None
+        self._client: EngineHTTP | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
         # Weight updates: new segments wait on the gate; `_started`/`_done` count updates.
@@ -161,15 +160,13 @@ class SGLangEngine(InferenceEngine):
         self._gate = asyncio.Event()
         self._gate.set()
         self._update_lock = asyncio.Lock()
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=self.max_connections,
-                max_keepalive_connections=self.max_connections,
-            ),
+        self._client = EngineHTTP(
             headers=self._headers,
-            trust_env=False,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            max_connections=self.max_connections,
         )
+        await self._client.start()
         if not await self._fetch_info():
             log.warning(
                 "no SGLang server answered at %s; serving anyway (max context %d until one does)",
@@ -181,7 +178,7 @@ class SGLangEngine(InferenceEngine):
         if self._info_task is not None:
             self._info_task.cancel()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     @property
@@ -212,9 +209,9 @@ class SGLangEngine(InferenceEngine):
         assert self._client is not None
         try:
             r = await self._client.get(f"{url}/health", timeout=self.health_timeout_s)
-        except httpx.HTTPError:
+        except HTTPFailed:
             return False
-        return r.status_code == 200
+        return r.status == 200
 
     async def _fetch_info(self) -> bool:
         """Learn the context length and weight version; True if a server answered."""
@@ -259,9 +256,9 @@ class SGLangEngine(InferenceEngine):
         assert self._client is not None
         try:
             r = await self._client.get(f"{url}{path}", timeout=self.connect_timeout_s + 10)
-        except httpx.HTTPError:
+        except HTTPFailed:
             return None
-        if r.status_code != 200:
+        if r.status != 200:
             return None
         try:
             return json.loads(r.content)
@@ -425,9 +422,9 @@ class SGLangEngine(InferenceEngine):
         target = f"{url}/generate"
         try:
             if not stream:
-                r = await self._client.post(target, content=body, headers=headers)
-                if r.status_code != 200:
-                    raise refusal(url, r.status_code, r.content, prompt_len)
+                r = await self._client.post(target, body, headers=headers)
+                if r.status != 200:
+                    raise refusal(url, r.status, r.content, prompt_len)
                 out = parse_output(r.content, url)
                 ids, lps, alts = new_tokens(out["meta_info"], 0, url)
                 seg.ids += ids
@@ -435,10 +432,10 @@ class SGLangEngine(InferenceEngine):
                 if ids:
                     yield ids, lps, alts, as_int(out["meta_info"].get("weight_version"))
                 return
-            async with self._client.stream("POST", target, content=body, headers=headers) as r:
-                if r.status_code != 200:
-                    raise refusal(url, r.status_code, await r.aread(), prompt_len)
-                async for line in r.aiter_lines():
+            async with self._client.stream(target, body, headers=headers) as r:
+                if r.status != 200:
+                    raise refusal(url, r.status, await r.read(), prompt_len)
+                async for line in r.lines():
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
@@ -454,16 +451,14 @@ class SGLangEngine(InferenceEngine):
                         seg.finish = meta["finish_reason"]
             if seg.finish is None:
                 raise EngineError(f"the SGLang server at {url} ended the stream before finishing")
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except ConnectFailed as exc:
             raise ServerUnreachable(url, exc) from exc
-        except httpx.TimeoutException as exc:
+        except TimedOut as exc:
             raise EngineError(
                 f"the SGLang server at {url} did not answer within {self.timeout_s:g} s"
             ) from exc
-        except httpx.HTTPError as exc:
-            raise EngineError(
-                f"the SGLang server at {url} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        except HTTPFailed as exc:
+            raise EngineError(f"the SGLang server at {url} failed: {exc}") from exc
 
     async def _fetch_info_later(self) -> None:
         try:
@@ -551,17 +546,15 @@ class SGLangEngine(InferenceEngine):
         assert self._client is not None
         try:
             r = await self._client.post(
-                f"{url}/pause_generation",
-                content=b'{"mode": "abort"}',
-                timeout=self.update_timeout_s,
+                f"{url}/pause_generation", b'{"mode": "abort"}', timeout=self.update_timeout_s
             )
-        except httpx.HTTPError as exc:
-            return f"{url}/pause_generation: {type(exc).__name__}: {exc}"
-        if r.status_code in (404, 405):
+        except HTTPFailed as exc:
+            return f"{url}/pause_generation: {exc}"
+        if r.status in (404, 405):
             self.pause_supported[url] = False
             return False
-        if r.status_code != 200:
-            return f"{url}/pause_generation answered {r.status_code}: {error_message(r.content)}"
+        if r.status != 200:
+            return f"{url}/pause_generation answered {r.status}: {error_message(r.content)}"
         self.pause_supported[url] = True
         return True
 
@@ -569,11 +562,11 @@ class SGLangEngine(InferenceEngine):
         assert self._client is not None
         try:
             r = await self._client.post(
-                f"{url}/continue_generation", content=b"{}", timeout=self.update_timeout_s
+                f"{url}/continue_generation", b"{}", timeout=self.update_timeout_s
             )
-            if r.status_code != 200:
-                log.error("%s/continue_generation answered %d", url, r.status_code)
-        except httpx.HTTPError as exc:
+            if r.status != 200:
+                log.error("%s/continue_generation answered %d", url, r.status)
+        except HTTPFailed as exc:
             log.error("%s/continue_generation failed: %r", url, exc)
 
     async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
@@ -588,19 +581,17 @@ class SGLangEngine(InferenceEngine):
         }
         try:
             r = await self._client.post(
-                f"{url}/update_weights_from_disk",
-                content=dumps(body),
-                timeout=self.update_timeout_s,
+                f"{url}/update_weights_from_disk", dumps(body), timeout=self.update_timeout_s
             )
-        except httpx.HTTPError as exc:
-            return f"{url}: {type(exc).__name__}: {exc}"
+        except HTTPFailed as exc:
+            return f"{url}: {exc}"
         try:
             data = json.loads(r.content)
         except ValueError:
             data = {}
-        if r.status_code != 200 or not (isinstance(data, dict) and data.get("success")):
+        if r.status != 200 or not (isinstance(data, dict) and data.get("success")):
             message = data.get("message") if isinstance(data, dict) else None
-            return f"{url} answered {r.status_code}: {message or error_message(r.content)}"
+            return f"{url} answered {r.status}: {message or error_message(r.content)}"
         return None
 
 

@@ -1,27 +1,14 @@
 """`POST /v1/chat/completions` shapes: the request body, `ChatCompletion` and chunks.
 
-Answers are built with the `openai`
-package's own types (`model_construct`: no validation cost).
+Answers are plain dicts in the `openai` package's shapes, encoded once (see ChatShapes).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.chat import chat_completion as cc
-from openai.types.chat import chat_completion_chunk as chunk_types
-from openai.types.chat.chat_completion_message import ChatCompletionMessage
-from openai.types.chat.chat_completion_message_function_tool_call import (
-    ChatCompletionMessageFunctionToolCall,
-    Function,
-)
-from openai.types.chat.chat_completion_token_logprob import (
-    ChatCompletionTokenLogprob,
-    TopLogprob,
-)
-from openai.types.completion_usage import CompletionUsage
 from pydantic import Field, field_validator
 
 from gateway.chat.tool_parsers import ContentEvent, Event
@@ -57,7 +44,12 @@ class ChatCompletionRequest(ChoicesRequest):
 
 
 class ChatShapes:
-    """Response builders; holds the tokenizer for the token strings of logprobs."""
+    """Response builders; holds the tokenizer for the token strings of logprobs.
+
+    Answers are plain dicts in the shapes of the `openai` package's `ChatCompletion` and
+    `ChatCompletionChunk` (tests check them against those types): building pydantic
+    objects only to dump them again cost more than the rest of the reply.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -65,22 +57,23 @@ class ChatShapes:
 
     def logprobs(
         self, ids: list[int], logprobs: list[float], top: list[TopLogprobs] | None
-    ) -> list[ChatCompletionTokenLogprob]:
+    ) -> list[dict[str, Any]]:
         out = []
         for k, (tid, lp) in enumerate(zip(ids, logprobs, strict=False)):
             piece = self._token(tid)
             alternatives = []
             if top is not None and k < len(top):
                 alternatives = [
-                    TopLogprob.model_construct(
-                        token=(alt := self._token(a)), logprob=alp, bytes=list(alt.encode())
-                    )
+                    {"token": (alt := self._token(a)), "logprob": alp, "bytes": list(alt.encode())}
                     for a, alp in top[k]
                 ]
             out.append(
-                ChatCompletionTokenLogprob.model_construct(
-                    token=piece, logprob=lp, bytes=list(piece.encode()), top_logprobs=alternatives
-                )
+                {
+                    "token": piece,
+                    "logprob": lp,
+                    "bytes": list(piece.encode()),
+                    "top_logprobs": alternatives,
+                }
             )
         return out
 
@@ -102,30 +95,24 @@ class ChatShapes:
         choices = []
         completion_tokens = 0
         for a in answers:
-            out, message, finish = a.out, a.message or {}, a.finish_reason
+            out = a.out
             completion_tokens += len(out.output_ids)
-            logprobs = None
+            choice: dict[str, Any] = {"finish_reason": a.finish_reason, "index": out.index}
             if req.logprobs:
-                logprobs = cc.ChoiceLogprobs.model_construct(
-                    content=self.logprobs(out.output_ids, out.logprobs, out.top_logprobs)
-                )
-            choices.append(
-                cc.Choice.model_construct(
-                    index=out.index,
-                    finish_reason=finish,
-                    logprobs=logprobs,
-                    message=message_model(message),
-                )
-            )
-        completion = ChatCompletion.model_construct(
-            id=response_id,
-            object="chat.completion",
-            created=int(time.time()),
-            model=req.model,
-            choices=choices,
-            usage=usage(prompt_tokens, completion_tokens),
-        )
-        return completion.model_dump(mode="json", exclude_unset=True)
+                content = self.logprobs(out.output_ids, out.logprobs, out.top_logprobs)
+                choice["logprobs"] = {"content": content}
+            else:
+                choice["logprobs"] = None
+            choice["message"] = message_dict(a.message or {})
+            choices.append(choice)
+        return {
+            "id": response_id,
+            "choices": choices,
+            "created": int(time.time()),
+            "model": req.model,
+            "object": "chat.completion",
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
 
 
 class ChunkWriter:
@@ -147,44 +134,35 @@ class ChunkWriter:
         frames = []
         for event in events:
             if isinstance(event, ContentEvent):
-                d = chunk_types.ChoiceDelta.model_construct(content=event.text)
-                frames.append(self._frame(index, d))
+                frames.append(self._frame(index, {"content": event.text}))
             else:
                 call = event.call
-                head = chunk_types.ChoiceDeltaToolCall.model_construct(
-                    index=event.index,
-                    id=call.id,
-                    type="function",
-                    function=chunk_types.ChoiceDeltaToolCallFunction.model_construct(
-                        name=call.name, arguments=""
-                    ),
-                )
-                args = chunk_types.ChoiceDeltaToolCall.model_construct(
-                    index=event.index,
-                    function=chunk_types.ChoiceDeltaToolCallFunction.model_construct(
-                        arguments=call.arguments
-                    ),
-                )
+                head = {
+                    "index": event.index,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }
+                args = {"index": event.index, "function": {"arguments": call.arguments}}
                 for tc in (head, args):
-                    d = chunk_types.ChoiceDelta.model_construct(tool_calls=[tc])
-                    frames.append(self._frame(index, d))
+                    frames.append(self._frame(index, {"tool_calls": [tc]}))
         return frames
 
     def finish(self, index: int, finish_reason: str) -> bytes:
-        return self._frame(index, chunk_types.ChoiceDelta.model_construct(), finish_reason)
+        return self._frame(index, {}, finish_reason)
 
     def closing(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
         frames = []
         if self.include_usage:
-            chunk = ChatCompletionChunk.model_construct(
-                id=self.id,
-                object="chat.completion.chunk",
-                created=self.created,
-                model=self.req.model,
-                choices=[],
-                usage=usage(prompt_tokens, completion_tokens),
-            )
-            frames.append(_sse(chunk))
+            chunk = {
+                "id": self.id,
+                "choices": [],
+                "created": self.created,
+                "model": self.req.model,
+                "object": "chat.completion.chunk",
+                "usage": usage(prompt_tokens, completion_tokens),
+            }
+            frames.append(sse_data(chunk))
         frames.append(SSE_DONE)
         return frames
 
@@ -203,56 +181,59 @@ class ChunkWriter:
         if held.top_logprobs is not None and delta.top_logprobs is not None:
             held.top_logprobs += delta.top_logprobs
 
-    def _frame(
-        self, index: int, delta: chunk_types.ChoiceDelta, finish_reason: str | None = None
-    ) -> bytes:
+    def _frame(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if index not in self._announced:  # the first chunk of a choice names the role
             self._announced.add(index)
-            delta.role = "assistant"
-            if delta.content is None and not delta.tool_calls:
-                delta.content = ""
-        fields: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish_reason}
+            delta = {"role": "assistant", **delta}
+            if delta.get("content") is None and not delta.get("tool_calls"):
+                delta["content"] = ""
+        choice: dict[str, Any] = {"delta": delta, "finish_reason": finish_reason, "index": index}
         held = self._pending.pop(index, None)
         if self.req.logprobs:
-            fields["logprobs"] = None
+            choice["logprobs"] = None
             if held is not None:
                 content = self.shapes.logprobs(held.token_ids, held.logprobs, held.top_logprobs)
-                fields["logprobs"] = chunk_types.ChoiceLogprobs.model_construct(content=content)
-        chunk = ChatCompletionChunk.model_construct(
-            id=self.id,
-            object="chat.completion.chunk",
-            created=self.created,
-            model=self.req.model,
-            choices=[chunk_types.Choice.model_construct(**fields)],
-        )
+                choice["logprobs"] = {"content": content}
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "choices": [choice],
+            "created": self.created,
+            "model": self.req.model,
+            "object": "chat.completion.chunk",
+        }
         if self.include_usage:
-            chunk.usage = None
-        return _sse(chunk)
+            chunk["usage"] = None
+        return sse_data(chunk)
 
 
-def _sse(chunk: ChatCompletionChunk) -> bytes:
-    return b"data: " + chunk.model_dump_json(exclude_unset=True).encode() + b"\n\n"
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
-    return CompletionUsage.model_construct(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
+def sse_data(data: dict[str, Any]) -> bytes:
+    """One SSE `data:` frame of compact JSON."""
+    return (
+        b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
     )
 
 
-def message_model(message: dict[str, Any]) -> ChatCompletionMessage:
-    fields: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "completion_tokens": completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def message_dict(message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message as the API returns it (tool calls as function calls)."""
+    out: dict[str, Any] = {"content": message.get("content"), "role": "assistant"}
     if message.get("tool_calls"):
-        fields["tool_calls"] = [
-            ChatCompletionMessageFunctionToolCall.model_construct(
-                id=tc["id"],
-                type="function",
-                function=Function.model_construct(
-                    name=tc["function"]["name"], arguments=tc["function"]["arguments"]
-                ),
-            )
+        out["tool_calls"] = [
+            {
+                "id": tc["id"],
+                "function": {
+                    "arguments": tc["function"]["arguments"],
+                    "name": tc["function"]["name"],
+                },
+                "type": "function",
+            }
             for tc in message["tool_calls"]
         ]
-    return ChatCompletionMessage.model_construct(**fields)
+    return out
