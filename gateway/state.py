@@ -3,7 +3,6 @@ that hand it out (who is calling; which serving handler; is this a client retry)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
@@ -16,8 +15,6 @@ from gateway.errors import APIError
 from gateway.inference.base import InferenceEngine
 from gateway.metrics import Metrics
 from gateway.serving.core import ServingCore
-from gateway.serving.endpoint import RetryIdentity
-from gateway.serving.turn import request_hash
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
@@ -48,23 +45,6 @@ async def get_state(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
-def serving_of(cls: type[H]) -> Callable[[Request], Any]:
-    """A dependency giving the endpoint's handler."""
-
-    async def dependency(request: Request) -> H:
-        return request.app.state.gateway.serving(cls)
-
-    return dependency
-
-
-async def retry_identity(request: Request) -> RetryIdentity:
-    try:  # OpenAI SDKs send how often they have retried this request
-        count = int(request.headers.get("x-stainless-retry-count", "0"))
-    except ValueError:
-        count = 0
-    return RetryIdentity(request_hash(await request.body()), count)
-
-
 # Who is calling, and may they.
 async def session_caller(request: Request) -> Caller:
     """A live session's key (for the OpenAI routes).
@@ -92,6 +72,5 @@ def admin_caller(request: Request) -> Caller:
 
 State = Annotated[GatewayState, Depends(get_state)]
 Session = Annotated[Caller, Depends(session_caller)]
-Retry = Annotated[RetryIdentity, Depends(retry_identity)]
 AnyCaller = Annotated[Caller, Depends(any_caller)]
 Admin = Annotated[Caller, Depends(admin_caller)]
