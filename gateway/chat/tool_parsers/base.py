@@ -66,6 +66,10 @@ def content_events(text: str) -> list[Event]:
 class ToolParser(abc.ABC):
     """Feed text as it is generated; get content and complete tool calls back."""
 
+    # How one call is written, for the tool prompt the gateway adds when a template
+    # shows no tools (gateway/chat/tools.py); None: the Hermes form.
+    call_format: str | None = None
+
     def __init__(self) -> None:
         self.content_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []
@@ -189,22 +193,24 @@ class BlockToolParser(ToolParser):
 
 
 TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool parser")
-# (name, does this chat template use the format?) in the order they are tried
-_DETECTORS: list[tuple[str, Callable[[str], bool]]] = []
+# (generic?, name, does this chat template use the format?)
+_DETECTORS: list[tuple[bool, str, Callable[[str], bool]]] = []
 
 
 def register_tool_parser(
-    name: str, detect: Callable[[str], bool] | None = None
+    name: str, detect: Callable[[str], bool] | None = None, *, generic: bool = False
 ) -> Callable[[type[ToolParser]], type[ToolParser]]:
+    """`generic`: its detector is tried after the others (Hermes' `<tool_call>` tags
+    also appear in Qwen3-Coder's templates)."""
     if detect is not None:
-        _DETECTORS.append((name, detect))
+        _DETECTORS.append((generic, name, detect))
     return TOOL_PARSERS.register(name)
 
 
 def detect_tool_parser(chat_template: Any, default: str = "hermes") -> str:
     """The parser for the format this template teaches the model (else `default`)."""
     if isinstance(chat_template, str):
-        for name, detect in _DETECTORS:
+        for _, name, detect in sorted(_DETECTORS, key=lambda d: d[0]):
             if detect(chat_template):
                 return name
     return default

@@ -37,7 +37,7 @@ def parse_json_calls(body: str) -> list[tuple[str, str]] | None:
     return calls
 
 
-@register_tool_parser("hermes", detect=lambda template: TOOL_OPEN in template)
+@register_tool_parser("hermes", detect=lambda template: TOOL_OPEN in template, generic=True)
 class HermesToolParser(BlockToolParser):
     open = TOOL_OPEN
     close = TOOL_CLOSE
