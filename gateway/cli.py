@@ -25,6 +25,10 @@ def _choices(name: str) -> list[str] | None:
         from gateway.chat.tool_parsers import TOOL_PARSERS
 
         return ["auto", *sorted(TOOL_PARSERS)]
+    if name == "reasoning_parser":
+        from gateway.chat.reasoning_parsers import REASONING_PARSERS
+
+        return ["auto", "none", *sorted(REASONING_PARSERS)]
     return None
 
 

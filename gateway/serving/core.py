@@ -25,8 +25,10 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
-from gateway.chat.tool_parsers import ToolParser, make_tool_parser
+from gateway.chat.tool_parsers import make_tool_parser
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
 from gateway.inference.base import (
@@ -120,6 +122,12 @@ class ServingCore:
             renderer.tool_parser if config.tool_parser == "auto" else config.tool_parser
         )
         make_tool_parser(self.tool_parser_name)  # an unknown name fails at start-up
+        self.reasoning_parser_name: str | None = {
+            "auto": renderer.reasoning_parser,
+            "none": None,
+        }.get(config.reasoning_parser, config.reasoning_parser)
+        if self.reasoning_parser_name is not None:
+            make_reasoning_parser(self.reasoning_parser_name)
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: LRU[tuple[str, str], Parent] = LRU(config.parent_cache_size)
@@ -222,11 +230,18 @@ class ServingCore:
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
         return rendered
 
-    def tool_parser(self) -> ToolParser:
-        """A parser for tool calls in the format of this gateway's model."""
-        return make_tool_parser(self.tool_parser_name)
+    def output_parser(self, prompt_text: str | None, tools: bool) -> OutputParser | None:
+        """A parser for this model's reasoning (if it has a format) and, when the
+        request may call tools, its tool calls; None when there is nothing to parse."""
+        reasoning = None
+        if self.reasoning_parser_name is not None:
+            reasoning = make_reasoning_parser(self.reasoning_parser_name, prompt_text or "")
+        calls = make_tool_parser(self.tool_parser_name) if tools else None
+        if reasoning is None and calls is None:
+            return None
+        return OutputParser(reasoning, calls)
 
-    def count_tool_calls(self, parser: ToolParser | None) -> None:
+    def count_tool_calls(self, parser: OutputParser | None) -> None:
         if parser is None:
             return
         if parser.failures:
@@ -376,12 +391,15 @@ class ServingCore:
         response: dict[str, Any],
         finish_reason: str,
         answer_hash: str,
+        tool_parse_failures: int = 0,
     ) -> None:
         """Commit one choice; return only once it is durable (RecordError -> 503).
 
         Shielded: a client that disconnects does not cancel its record.
         """
-        record = completion_record(turn, out, response, finish_reason, answer_hash)
+        record = completion_record(
+            turn, out, response, finish_reason, answer_hash, tool_parse_failures
+        )
         try:
             await asyncio.shield(self.recorder.record(record))
         except RecordError as exc:

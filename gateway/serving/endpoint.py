@@ -21,7 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from gateway.chat.tool_parsers import Event, ToolParser, content_events
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.tool_parsers import Event, content_events
 from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
 from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn
@@ -72,7 +73,7 @@ class Choice:
     subclass it for their stream shapes.
     """
 
-    def __init__(self, index: int, parser: ToolParser | None, streaming: bool) -> None:
+    def __init__(self, index: int, parser: OutputParser | None, streaming: bool) -> None:
         self.index = index
         self.parser = parser
         self.streaming = streaming
@@ -245,7 +246,10 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             put(frame)
         answer = self.finish(p, turn, choice, out)
         self.core.count_tool_calls(choice.parser)
-        await self.core.record(turn, out, answer.response, answer.finish_reason, answer.answer_hash)
+        failures = choice.parser.failures if choice.parser else 0
+        await self.core.record(
+            turn, out, answer.response, answer.finish_reason, answer.answer_hash, failures
+        )
         if queue is not None and out.finish_reason != "abort":
             for frame in choice.done(answer):
                 put(frame)

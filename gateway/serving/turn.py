@@ -42,6 +42,7 @@ class Turn:
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
+    drift: dict[str, Any] | None = None  # where the prompt leaves the parent's tokens, why
 
 
 @dataclass(slots=True)
@@ -69,10 +70,20 @@ class ChoiceOutput:
 
 
 def completion_record(
-    turn: Turn, out: ChoiceOutput, response: dict[str, Any], finish_reason: str, prefix_hash: str
+    turn: Turn,
+    out: ChoiceOutput,
+    response: dict[str, Any],
+    finish_reason: str,
+    prefix_hash: str,
+    tool_parse_failures: int = 0,
 ) -> CompletionRecord:
     """The one place a completion's record is built, for HTTP and direct generations."""
     parent = turn.parent
+    diagnostics: dict[str, Any] = {}
+    if turn.drift:
+        diagnostics["drift"] = turn.drift
+    if tool_parse_failures:
+        diagnostics["tool_parse_failures"] = tool_parse_failures
     return CompletionRecord(
         id=out.completion_id,
         session_id=turn.session_id,
@@ -95,6 +106,7 @@ def completion_record(
         queue_s=out.queue_s,
         gen_s=out.gen_s,
         total_s=time.perf_counter() - turn.started,
+        diagnostics=diagnostics or None,
     )
 
 

@@ -241,4 +241,5 @@ def completion_dict(m: Any) -> dict[str, Any]:
         timings=dict(queue_s=m["queue_s"], gen_s=m["gen_s"], total_s=m["total_s"]),
         reward=m["reward"],
         choice_index=m["choice_index"],
+        diagnostics=m["diagnostics"] or {},
     )

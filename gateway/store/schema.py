@@ -58,6 +58,10 @@ class CompletionRow(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # which of the request's `n` choices this is (its id is `<choice 0's id>-<index>`)
     choice_index: Mapped[int] = mapped_column(Integer, default=0)
+    # not errors, but worth knowing: {"tool_parse_failures": n, "drift": {"at", "cause"}}
+    diagnostics: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
     __table_args__ = (
         Index("ix_completions_session_prefix", "session_id", "prefix_hash"),

@@ -24,7 +24,7 @@ from openai.types.chat.chat_completion_token_logprob import (
 from openai.types.completion_usage import CompletionUsage
 from pydantic import Field, field_validator
 
-from gateway.chat.tool_parsers import ContentEvent, Event
+from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent
 from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.inference.base import TopLogprobs
 from gateway.serving.endpoint import Answer
@@ -149,6 +149,9 @@ class ChunkWriter:
             if isinstance(event, ContentEvent):
                 d = chunk_types.ChoiceDelta.model_construct(content=event.text)
                 frames.append(self._frame(index, d))
+            elif isinstance(event, ReasoningEvent):  # vLLM's and DeepSeek's field name
+                d = chunk_types.ChoiceDelta.model_construct(reasoning_content=event.text)
+                frames.append(self._frame(index, d))
             else:
                 call = event.call
                 head = chunk_types.ChoiceDeltaToolCall.model_construct(
@@ -244,6 +247,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
 
 def message_model(message: dict[str, Any]) -> ChatCompletionMessage:
     fields: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("reasoning_content") is not None:
+        fields["reasoning_content"] = message["reasoning_content"]
     if message.get("tool_calls"):
         fields["tool_calls"] = [
             ChatCompletionMessageFunctionToolCall.model_construct(
