@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from gateway.chat.reasoning_parsers import detect_reasoning_parser
 from gateway.chat.template_traits import TemplateTraits
@@ -200,18 +201,29 @@ class ChatRenderer:
     ) -> str:
         normalized = [normalize_message(m, self.traits) for m in messages]
         if self.traits.tools:
-            return self.tokenizer.apply_chat_template(
-                normalized,
-                tools=tools or None,
-                add_generation_prompt=True,
-                tokenize=False,
-                chat_template=self.chat_template,
-            )
+            return self._apply(normalized, tools or None)
         call_format = make_tool_parser(self.tool_parser).call_format
+        inline_calls = not self.traits.tool_calls
+        return self._apply(
+            inline_tools(normalized, tools, tool_choice, call_format, inline_calls), None
+        )
+
+    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        if self.traits.none_content:
+            # apply_chat_template drops None-valued keys, and a template that tells a
+            # tool-call turn by `content is none` (DeepSeek V3's) then cannot render it:
+            # render such a template with the messages as they are.
+            rendered, _ = render_jinja_template(
+                conversations=[messages],
+                tools=tools,
+                chat_template=self.chat_template,
+                add_generation_prompt=True,
+                **self.tokenizer.special_tokens_map,
+            )
+            return rendered[0]
         return self.tokenizer.apply_chat_template(
-            inline_tools(
-                normalized, tools, tool_choice, call_format, inline_calls=not self.traits.tool_calls
-            ),
+            messages,
+            tools=tools,
             add_generation_prompt=True,
             tokenize=False,
             chat_template=self.chat_template,

@@ -1,12 +1,12 @@
 """`<think>...</think>` reasoning (Qwen3, DeepSeek-R1 and the models distilled from it).
 
-The answer may open the block itself (Qwen3) or start inside it, when the template
-ended the prompt with `<think>` (DeepSeek-R1). An answer with no block is all content;
-one whose block never closes (cut off) is all reasoning. Newlines around the reasoning
+`qwen3`: the answer may open the block itself, or start inside it when the template
+ended the prompt with `<think>`; an answer with no block is all content. `deepseek_r1`
+(vLLM's name): the answer always starts inside the block (R1 often omits the opening
+tag), so an answer with no `</think>` is all reasoning. Either way, a block that never
+closes (cut off) is all reasoning. Newlines around the reasoning
 and at the start of the answer are the template's framing, not text: Qwen3's template
 writes `<think>\n` + reasoning + `\n</think>\n\n` + content back.
-
-`qwen3` and `deepseek_r1` (vLLM's names) are this one parser.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ _START, _REASONING, _CONTENT = "start", "reasoning", "content"
 
 @register_reasoning_parser("qwen3", detect=lambda template: THINK_CLOSE in template)
 class ThinkReasoningParser(ReasoningParser):
+    starts_inside = False  # True: even when the prompt did not open the block
+
     def __init__(self, prompt_text: str = "") -> None:
         super().__init__(prompt_text)
-        inside = prompt_text.rstrip().endswith(THINK_OPEN)
+        inside = self.starts_inside or prompt_text.rstrip().endswith(THINK_OPEN)
         self._state = _REASONING if inside else _START
         self._buf = ""
         self._held_nl = ""  # newlines that may be the last of the reasoning (dropped)
@@ -46,6 +48,10 @@ class ThinkReasoningParser(ReasoningParser):
                 else:
                     self._state, self._lead = _CONTENT, False
             elif self._state == _REASONING:
+                if self._lead and self._buf.lstrip().startswith(THINK_OPEN):
+                    self._buf = self._buf.lstrip()[len(THINK_OPEN) :]  # opened twice
+                elif self._lead and THINK_OPEN.startswith(self._buf.lstrip()):
+                    break  # may be an opening tag the prompt already wrote
                 end = self._buf.find(THINK_CLOSE)
                 if end < 0:
                     ready = len(self._buf) - partial_suffix_len(self._buf, (THINK_CLOSE,))
@@ -83,4 +89,6 @@ class ThinkReasoningParser(ReasoningParser):
         return self._say(text)
 
 
-register_reasoning_parser("deepseek_r1")(ThinkReasoningParser)
+@register_reasoning_parser("deepseek_r1")
+class DeepSeekR1ReasoningParser(ThinkReasoningParser):
+    starts_inside = True

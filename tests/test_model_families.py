@@ -1,0 +1,288 @@
+"""Each model family through the HTTP API, with its real tokenizer and chat template.
+
+The engine answers with scripted token ids: what a model of that family writes (its
+tool-call and reasoning format), encoded by its real tokenizer. Each family covers: a
+two-turn tool round trip, whole and streamed; two parallel calls; a call with no
+arguments; a call that does not parse (returned as text, counted); reasoning split off;
+the next turn rendered back through the template; the recorded ids being the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from family_helpers import FAMILIES, Family, family_tokenizer
+from gateway_helpers import ADMIN_KEY, completion_record, openai_client, read_session
+from test_chat_tools import metric
+from transformers.utils.chat_template_utils import render_jinja_template
+
+import gateway.app
+from gateway.config import GatewayConfig
+from gateway.inference.fake import FakeEngine
+from gateway.server import BackgroundGateway
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time now.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+TOOLS = [WEATHER, TIME]
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request) -> Family:
+    return FAMILIES[request.param]
+
+
+@pytest.fixture
+def family_gateway(family, tmp_path, monkeypatch) -> Iterator[Callable[..., BackgroundGateway]]:
+    """`family_gateway(**config) -> gateway` with the family's tokenizer and template."""
+    tok = family_tokenizer(family.name)
+    monkeypatch.setattr(gateway.app, "load_tokenizer", lambda _dir: tok)
+    started: list[BackgroundGateway] = []
+
+    def make(token_delay_s: float = 0.0, **overrides: Any) -> BackgroundGateway:
+        engine = FakeEngine(
+            reply_ids=tok.encode("OK", add_special_tokens=False),
+            stop_id=int(tok.eos_token_id),
+            encode=lambda text: tok.encode(text, add_special_tokens=False),
+            token_delay_s=token_delay_s,
+        )
+        config = GatewayConfig(
+            port=0,
+            database=str(tmp_path / f"g{len(started)}.db"),
+            admin_key=ADMIN_KEY,
+            engine="fake",
+            **{**family.config, **overrides},
+        )
+        gw = BackgroundGateway(config, engine=engine).start()
+        started.append(gw)
+        return gw
+
+    yield make
+    for gw in started:
+        gw.stop()
+
+
+def scripted_ids(family: Family, text: str) -> list[int]:
+    """What the engine emits for `text`: its tokens, then the stop token."""
+    tok = family_tokenizer(family.name)
+    return tok.encode(text, add_special_tokens=False) + [int(tok.eos_token_id)]
+
+
+def ask(client, messages: list[dict[str, Any]], stream: bool, **kw: Any) -> dict[str, Any]:
+    """One chat turn: (id, message dict, finish reason), whole or assembled from a stream."""
+    if not stream:
+        r = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, **kw)
+        c = r.choices[0]
+        return {
+            "id": r.id,
+            "message": c.message.model_dump(exclude_none=True),
+            "finish": c.finish_reason,
+        }
+    message: dict[str, Any] = {"role": "assistant"}
+    content, reasoning, calls, finish, cid = [], [], {}, None, None
+    for chunk in client.chat.completions.create(
+        model="m", messages=messages, tools=TOOLS, stream=True, **kw
+    ):
+        cid = chunk.id
+        for c in chunk.choices:
+            d = c.delta
+            content.append(d.content or "")
+            reasoning.append(getattr(d, "reasoning_content", None) or "")
+            for tc in d.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.id or call["id"]
+                call["name"] += (tc.function and tc.function.name) or ""
+                call["arguments"] += (tc.function and tc.function.arguments) or ""
+            finish = c.finish_reason or finish
+    if "".join(content):
+        message["content"] = "".join(content)
+    if "".join(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for _, c in sorted(calls.items())
+        ]
+    return {"id": cid, "message": message, "finish": finish}
+
+
+def calls_of(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (tc["function"]["name"], json.loads(tc["function"]["arguments"]))
+        for tc in message.get("tool_calls", [])
+    ]
+
+
+def expected_prompt(family: Family, messages: list[dict[str, Any]]) -> str:
+    """The prompt the family's own template renders for these messages (the messages
+    shaped as that template wants them), rendered here independently of the gateway."""
+    tok = family_tokenizer(family.name)
+    shaped = []
+    for m in messages:
+        m = {
+            k: v
+            for k, v in m.items()
+            if k in ("role", "content", "tool_calls", "tool_call_id", "reasoning_content")
+        }
+        if m.get("tool_calls"):
+            calls = []
+            for tc in m["tool_calls"]:
+                args = tc["function"]["arguments"]
+                if family.name != "deepseek_v3":  # DeepSeek's template concatenates text
+                    args = json.loads(args)
+                calls.append({**tc, "function": {**tc["function"], "arguments": args}})
+            m["tool_calls"] = calls
+            m.setdefault("content", None if family.name == "deepseek_v3" else "")
+        if family.name != "qwen3":  # only Qwen3's template reads it
+            m.pop("reasoning_content", None)
+        shaped.append(m)
+    kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
+    if family.chat_template:
+        kwargs["chat_template"] = family.chat_template
+    if family.name == "deepseek_v3":
+        # Its template shows no tools (the gateway's prompt does), and tells a tool-call
+        # turn by `content is none`, a key apply_chat_template drops: render it as is.
+        rendered, _ = render_jinja_template(
+            conversations=[shaped],
+            chat_template=tok.chat_template,
+            add_generation_prompt=True,
+            **tok.special_tokens_map,
+        )
+        return rendered[0]
+    return tok.apply_chat_template(shaped, tools=TOOLS, **kwargs)
+
+
+def test_parsers_are_detected_from_the_template(family, family_gateway):
+    core = family_gateway().state.core
+    assert core.tool_parser_name == family.tool_parser
+    assert core.reasoning_parser_name == family.reasoning_parser
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_two_turn_tool_round_trip(family, family_gateway, new_session, stream):
+    gw = family_gateway(token_delay_s=0.001 if stream else 0.0)
+    session_id, key = new_session(gw)
+    client = openai_client(gw, key)
+    first_text = family.answer([("get_weather", {"city": "Paris"})], reasoning="Weather: ask.")
+    second_text = family.answer(text="It is 22 C in Paris.", reasoning="Tool said 22 C.")
+    gw.engine.script(first_text, second_text)
+
+    first = ask(client, QUESTION, stream)
+    assert first["finish"] == "tool_calls"
+    assert calls_of(first["message"]) == [("get_weather", {"city": "Paris"})]
+    assert not first["message"].get("content")
+    if family.reasoning_parser:
+        assert first["message"]["reasoning_content"] == "Weather: ask."
+
+    call_id = first["message"]["tool_calls"][0]["id"]
+    messages = [
+        *QUESTION,
+        first["message"],
+        {"role": "tool", "tool_call_id": call_id, "content": "22 C, sunny"},
+    ]
+    second = ask(client, messages, stream)
+    assert second["finish"] == "stop"
+    assert second["message"]["content"] == "It is 22 C in Paris."
+    if family.reasoning_parser:
+        assert second["message"]["reasoning_content"] == "Tool said 22 C."
+
+    rec1 = completion_record(gw, session_id, first["id"])
+    rec2 = completion_record(gw, session_id, second["id"])
+    assert rec1["output_ids"] == scripted_ids(family, first_text)  # reasoning included
+    assert rec2["output_ids"] == scripted_ids(family, second_text)
+    assert rec2["parent_id"] == first["id"]
+    tok = family_tokenizer(family.name)
+    prompt = tok.decode(rec2["prompt_ids"], skip_special_tokens=False)
+    if family.name != "deepseek_v3":
+        assert prompt == expected_prompt(family, messages)
+    else:  # the gateway adds its tool prompt to the system message
+        assert prompt.endswith(expected_prompt(family, messages).split("<｜User｜>", 1)[1])
+    assert "22 C, sunny" in prompt and "get_weather" in prompt
+
+
+def test_two_parallel_calls(family, family_gateway, new_session):
+    gw = family_gateway()
+    _, key = new_session(gw)
+    client = openai_client(gw, key)
+    calls = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+    gw.engine.script(family.answer(calls, reasoning="Two cities."))
+    for stream in (False, True):
+        gw.engine.script(family.answer(calls, reasoning="Two cities."))
+        out = ask(client, QUESTION, stream)
+        assert calls_of(out["message"]) == calls
+        ids = [tc["id"] for tc in out["message"]["tool_calls"]]
+        assert len(set(ids)) == 2
+
+
+def test_zero_argument_call_is_a_real_call(family, family_gateway, new_session):
+    gw = family_gateway()
+    session_id, key = new_session(gw)
+    client = openai_client(gw, key)
+    gw.engine.script(
+        family.answer([("get_time", {})], reasoning="Time."),
+        family.answer(text="Noon.", reasoning="ok"),
+    )
+    first = ask(client, QUESTION, stream=False)
+    assert first["finish"] == "tool_calls"
+    [(name, args)] = calls_of(first["message"])
+    assert (name, args) == ("get_time", {})
+    assert first["message"]["tool_calls"][0]["function"]["arguments"] == "{}"
+    call_id = first["message"]["tool_calls"][0]["id"]
+    messages = [
+        *QUESTION,
+        first["message"],
+        {"role": "tool", "tool_call_id": call_id, "content": "12:00"},
+    ]
+    second = ask(client, messages, stream=False)
+    rec2 = completion_record(gw, session_id, second["id"])
+    prompt = family_tokenizer(family.name).decode(rec2["prompt_ids"])
+    assert (
+        "get_time" in prompt.split("What is the weather in Paris?")[-1]
+    )  # the call, rendered back
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_malformed_call_comes_back_as_text_and_is_counted(
+    family, family_gateway, new_session, stream
+):
+    gw = family_gateway(token_delay_s=0.001 if stream else 0.0)
+    session_id, key = new_session(gw)
+    client = openai_client(gw, key)
+    before = metric(gw, "turnstile_tool_call_parse_failures_total")
+    gw.engine.script(family.answer(reasoning="Try.") + family.malformed)
+    out = ask(client, QUESTION, stream)
+    assert out["finish"] == "stop"
+    assert "tool_calls" not in out["message"]
+    assert out["message"]["content"].strip() == family.malformed.strip()
+    assert metric(gw, "turnstile_tool_call_parse_failures_total") == before + 1
+    assert read_session(gw, session_id)["stats"]["tool_parse_failures"] == 1
+    rec = completion_record(gw, session_id, out["id"])
+    assert rec["diagnostics"]["tool_parse_failures"] == 1
