@@ -50,7 +50,8 @@ class ThinkReasoningParser(ReasoningParser):
             elif self._state == _REASONING:
                 if self._lead and self._buf.lstrip().startswith(THINK_OPEN):
                     self._buf = self._buf.lstrip()[len(THINK_OPEN) :]  # opened twice
-                elif self._lead and THINK_OPEN.startswith(self._buf.lstrip()):
+                    continue
+                if self._lead and THINK_OPEN.startswith(self._buf.lstrip()):
                     break  # may be an opening tag the prompt already wrote
                 end = self._buf.find(THINK_CLOSE)
                 if end < 0:
