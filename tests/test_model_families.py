@@ -286,3 +286,58 @@ def test_malformed_call_comes_back_as_text_and_is_counted(
     assert read_session(gw, session_id)["stats"]["tool_parse_failures"] == 1
     rec = completion_record(gw, session_id, out["id"])
     assert rec["diagnostics"]["tool_parse_failures"] == 1
+
+
+QWEN3_ONLY = pytest.mark.parametrize("family", [FAMILIES["qwen3"]], ids=["qwen3"])
+
+
+@QWEN3_ONLY
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_responses_reasoning_item(family, family_gateway, new_session, stream):
+    gw = family_gateway(token_delay_s=0.001 if stream else 0.0)
+    session_id, key = new_session(gw)
+    client = openai_client(gw, key)
+    text = family.answer([("get_weather", {"city": "Paris"})], reasoning="Need the weather.")
+    gw.engine.script(text)
+    tools = [{"type": "function", **WEATHER["function"]}]
+    if not stream:
+        response = client.responses.create(model="m", input="Weather in Paris?", tools=tools)
+    else:
+        events = list(
+            client.responses.create(model="m", input="Weather in Paris?", tools=tools, stream=True)
+        )
+        deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+        assert "".join(deltas) == "Need the weather."
+        response = events[-1].response
+    reasoning, call = response.output
+    assert reasoning.type == "reasoning"
+    assert reasoning.content[0].text == "Need the weather."
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
+    assert completion_record(gw, session_id, response.id)["output_ids"] == scripted_ids(
+        family, text
+    )
+
+
+@QWEN3_ONLY
+def test_responses_reasoning_input_reaches_the_template(family, family_gateway, new_session):
+    """A reasoning item sent back is the next assistant turn's reasoning_content."""
+    gw = family_gateway()
+    session_id, key = new_session(gw)
+    client = openai_client(gw, key)
+    gw.engine.script(family.answer(text="Sunny.", reasoning="Done."))
+    response = client.responses.create(
+        model="m",
+        input=[
+            {"role": "user", "content": "Weather?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Ask the tool."}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather",
+             "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "22 C"},
+        ],
+        tools=[{"type": "function", **WEATHER["function"]}],
+    )  # fmt: skip
+    prompt = family_tokenizer("qwen3").decode(
+        completion_record(gw, session_id, response.id)["prompt_ids"]
+    )
+    assert "<think>\nAsk the tool.\n</think>\n\n<tool_call>" in prompt
