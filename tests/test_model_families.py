@@ -341,3 +341,48 @@ def test_responses_reasoning_input_reaches_the_template(family, family_gateway, 
         completion_record(gw, session_id, response.id)["prompt_ids"]
     )
     assert "<think>\nAsk the tool.\n</think>\n\n<tool_call>" in prompt
+
+
+def three_turn_session(family: Family, gw: BackgroundGateway, key: str) -> list[str]:
+    """Tool call, answer, then a new user question: the ids of the three turns."""
+    client = openai_client(gw, key)
+    gw.engine.script(
+        family.answer([("get_weather", {"city": "Paris"})], reasoning="Ask the tool."),
+        family.answer(text="It is 22 C.", reasoning="The tool said 22 C."),
+        family.answer(text="You are welcome.", reasoning="Polite."),
+    )
+    first = ask(client, QUESTION, stream=False)
+    call_id = first["message"]["tool_calls"][0]["id"]
+    messages = [
+        *QUESTION,
+        first["message"],
+        {"role": "tool", "tool_call_id": call_id, "content": "22 C"},
+    ]
+    second = ask(client, messages, stream=False)
+    third = ask(
+        client, [*messages, second["message"], {"role": "user", "content": "Thanks!"}], False
+    )
+    return [first["id"], second["id"], third["id"]]
+
+
+@QWEN3_ONLY
+def test_drift_is_located_and_explained(family, family_gateway, new_session):
+    """Qwen3's template drops the reasoning of answers before the last user turn: the
+    third turn's prompt no longer extends the second's, and the record says where and why."""
+    gw = family_gateway()
+    session_id, key = new_session(gw)
+    ids = three_turn_session(family, gw, key)
+    recs = [completion_record(gw, session_id, i) for i in ids]
+    assert recs[1]["tokens_continue_parent"] is True
+    assert "drift" not in recs[1]["diagnostics"]
+    assert recs[2]["parent_id"] == ids[1] and recs[2]["tokens_continue_parent"] is False
+    found = recs[2]["diagnostics"]["drift"]
+    assert found["cause"] == "reasoning_dropped"
+    parent_tokens = recs[1]["prompt_ids"] + recs[1]["output_ids"]
+    at = found["at"]
+    assert recs[2]["prompt_ids"][:at] == parent_tokens[:at]
+    assert recs[2]["prompt_ids"][at] != parent_tokens[at]
+    stats = read_session(gw, session_id)["stats"]
+    assert stats["token_prefix_mismatches"] == 1
+    assert stats["drift_causes"] == {"reasoning_dropped": 1}
+    assert metric(gw, "turnstile_prompt_drift_reasoning_dropped_total") == 1

@@ -112,11 +112,23 @@ async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[
             "num_completions": len(completions),
             "num_rewarded": sum(1 for c in completions if c["reward"] is not None),
             "token_prefix_mismatches": mismatched,
+            "drift_causes": _drift_causes(completions),
             "tool_parse_failures": sum(
                 c["diagnostics"].get("tool_parse_failures", 0) for c in completions
             ),
         },
     }
+
+
+def _drift_causes(completions: list[dict[str, Any]]) -> dict[str, int]:
+    """How many turns drifted from their parent's tokens, by cause ("unknown": not known)."""
+    causes: dict[str, int] = {}
+    for c in completions:
+        found = c["diagnostics"].get("drift")
+        if found:
+            cause = found.get("cause") or "unknown"
+            causes[cause] = causes.get(cause, 0) + 1
+    return causes
 
 
 @router.post("/{session_id}/end")

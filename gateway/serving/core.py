@@ -25,6 +25,8 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
+from gateway.chat.drift import drift
+from gateway.chat.linking import tokens_continue
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
@@ -229,6 +231,25 @@ class ServingCore:
             kind = "incremental" if rendered.incremental else "fallbacks"
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
         return rendered
+
+    def drift(self, parent: Parent | None, prompt_ids: list[int]) -> dict[str, Any] | None:
+        """Where (and why) this prompt stops continuing its parent's tokens, counted in
+        /metrics; None when it continues them (or has no parent)."""
+        if parent is None or tokens_continue(parent[1], parent[2], prompt_ids):
+            return None
+        tok = self.renderer.tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return tok.decode(ids, skip_special_tokens=False)
+
+        calls = make_tool_parser(self.tool_parser_name)
+        calls.feed(decode(parent[2]))
+        calls.finish()
+        found = drift(parent[1], parent[2], prompt_ids, decode, bool(calls.tool_calls))
+        if found is not None:
+            self.metrics.inc("turnstile_prompt_drift_total")
+            self.metrics.inc(f"turnstile_prompt_drift_{found['cause'] or 'unknown'}_total")
+        return found
 
     def output_parser(self, prompt_text: str | None, tools: bool) -> OutputParser | None:
         """A parser for this model's reasoning (if it has a format) and, when the

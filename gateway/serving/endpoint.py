@@ -161,6 +161,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             ids,
             body_hash,
             prompt_text=prompt_text,
+            drift=self.core.drift(parent, prompt_ids),
         )
 
     # ---- what each endpoint fills in -------------------------------------------------
