@@ -7,6 +7,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+# how a turn's prompt is built from the earlier turn it continues (GatewayConfig.history)
+HISTORY_MODES = ("template", "token_exact")
+
 
 def _field(default: Any, help: str, *, flag: str | None = None) -> Any:
     """A setting: its default, what it means, and its CLI flag when not --<name>."""
@@ -72,6 +75,14 @@ class GatewayConfig:
         "auto",
         "reasoning format to parse (gateway/chat/reasoning_parsers); auto: from the template; "
         "none: no reasoning is split off",
+    )
+    history: str = _field(
+        "template",
+        "how a turn's prompt is built from an earlier turn it continues: template (the "
+        "chat template renders the whole conversation, as the model was trained) or "
+        "token_exact (the earlier turn's prompt + output ids, then only the new messages "
+        "rendered: every turn extends the last, but the model sees what its template "
+        "would hide, e.g. earlier reasoning); a session may choose its own",
     )
     chat_template: str | None = _field(
         None,

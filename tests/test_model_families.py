@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 from family_helpers import FAMILIES, Family, family_tokenizer
-from gateway_helpers import ADMIN_KEY, completion_record, openai_client, read_session
+from gateway_helpers import (
+    ADMIN_KEY,
+    admin_headers,
+    bearer,
+    completion_record,
+    http_client,
+    openai_client,
+    read_session,
+)
 from test_chat_tools import metric
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -386,3 +394,68 @@ def test_drift_is_located_and_explained(family, family_gateway, new_session):
     assert stats["token_prefix_mismatches"] == 1
     assert stats["drift_causes"] == {"reasoning_dropped": 1}
     assert metric(gw, "turnstile_prompt_drift_reasoning_dropped_total") == 1
+
+
+def export_concat(gw: BackgroundGateway, session_id: str, key: str, ids: list[str]):
+    """The session's `concat` samples, the last turn rewarded."""
+    with http_client() as http:
+        r = http.post(f"{gw.url}/rewards", headers=bearer(key), json={"rewards": {ids[-1]: 1}})
+        assert r.status_code == 200, r.text
+        r = http.get(
+            f"{gw.url}/sessions/{session_id}/export",
+            headers=admin_headers(),
+            params={"style": "concat"},
+        )
+    assert r.status_code == 200, r.text
+    return r.json()["samples"]
+
+
+@QWEN3_ONLY
+@pytest.mark.parametrize("where", ["session", "gateway"])
+def test_token_exact_history_never_drifts(family, family_gateway, new_session, where):
+    """`history: token_exact` (a session's choice, or the gateway's): every turn's prompt
+    is its parent's prompt + output ids, then only the new messages, so the reasoning
+    Qwen3's template would drop stays and the session is one concat sample."""
+    gw = family_gateway(**({"history": "token_exact"} if where == "gateway" else {}))
+    session_id, key = new_session(gw, **({"history": "token_exact"} if where == "session" else {}))
+    ids = three_turn_session(family, gw, key)
+    recs = [completion_record(gw, session_id, i) for i in ids]
+    assert [r["diagnostics"]["history"] for r in recs] == ["template", "token_exact", "token_exact"]
+    for parent, child in zip(recs, recs[1:], strict=False):
+        assert child["parent_id"] == parent["id"]
+        before = parent["prompt_ids"] + parent["output_ids"]
+        assert child["prompt_ids"][: len(before)] == before
+        assert child["tokens_continue_parent"] is True
+        assert "drift" not in child["diagnostics"]
+        assert "history_fallback" not in child["diagnostics"]
+    tok = family_tokenizer(family.name)
+    third = tok.decode(recs[2]["prompt_ids"], skip_special_tokens=False)
+    assert "<think>\nThe tool said 22 C.\n</think>" in third  # what the template hides
+    assert third.endswith("<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\n")
+    stats = read_session(gw, session_id)["stats"]
+    assert stats["token_prefix_mismatches"] == 0 and stats["drift_causes"] == {}
+    assert metric(gw, "turnstile_prompts_token_exact_built_total") == 2
+    [sample] = export_concat(gw, session_id, key, ids)
+    assert sample["completion_ids"] == ids
+    assert sample["input_ids"] == recs[2]["prompt_ids"] + recs[2]["output_ids"]
+    assert sample["meta"]["concat_fallbacks"] == 0
+
+
+@QWEN3_ONLY
+def test_template_history_is_the_default_and_recorded_nowhere(family, family_gateway, new_session):
+    gw = family_gateway()
+    session_id, key = new_session(gw)
+    assert read_session(gw, session_id)["history"] is None  # the gateway's default
+    ids = three_turn_session(family, gw, key)
+    recs = [completion_record(gw, session_id, i) for i in ids]
+    assert all("history" not in r["diagnostics"] for r in recs)
+    assert len(export_concat(gw, session_id, key, ids)) == 2  # the drift splits it
+
+
+@QWEN3_ONLY
+def test_a_session_may_choose_template_history(family, family_gateway, new_session):
+    gw = family_gateway(history="token_exact")
+    session_id, key = new_session(gw, history="template")
+    ids = three_turn_session(family, gw, key)
+    third = completion_record(gw, session_id, ids[2])
+    assert third["diagnostics"]["drift"]["cause"] == "reasoning_dropped"

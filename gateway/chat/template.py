@@ -9,12 +9,21 @@ text rendered after them. That is taken only when the new render provably starts
 the parent's text (same length and digest of the prefix) and the parent's output ended
 in a special token, which the tokenizer never merges with what follows; anything else
 is a full encode, counted as a fallback.
+
+Token-exact history (`history: token_exact`): a turn's prompt is always the parent's
+prompt ids + output ids + the rendering of only the messages after the parent's answer,
+even where the template would render that answer differently (Qwen3's drops earlier
+reasoning). What follows an answer is found by rendering the conversation with the
+answer replaced by a marker: the text after the marker, less the template's own
+turn-closing token when the model emitted its stop token, must be how the real render
+ends; otherwise the prompt is the template's (a fallback, with its reason).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,8 +125,15 @@ class TextPrefix:
 @dataclass(slots=True)
 class Rendered:
     ids: list[int]
-    text: str
+    text: str  # the rendered text the ids end with (token_exact: only the new messages')
     incremental: bool  # built on the parent's ids (False: a full encode)
+    history: str = "template"  # what built it: template | token_exact
+    fallback: str | None = None  # why token_exact was asked for and not possible
+
+
+# Stands in for the parent's answer when rendering what follows it: private-use
+# characters that no template writes and that no message is expected to hold.
+_ANSWER_MARK = "\ue000turnstile-answer\ue001"
 
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -164,6 +180,13 @@ class ChatRenderer:
         self.reasoning_parser = detect_reasoning_parser(template)
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
+        # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
+        # any special token, first after an answer's text
+        specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | {
+            tokenizer.convert_ids_to_tokens(i) for i in self._special
+        }
+        alternatives = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
+        self._closing = re.compile(rf"\s*(?:{alternatives})")
 
     def encode(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
@@ -184,6 +207,54 @@ class ChatRenderer:
             if len(head) == prefix.length and _digest(head) == prefix.digest:
                 return Rendered(ids + self.encode(text[prefix.length :]), text, True)
         return Rendered(self.encode(text), text, False)
+
+    def render_token_exact(
+        self,
+        messages: list[dict[str, Any]],
+        start: int,
+        parent_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+    ) -> Rendered:
+        """`parent_ids` (the parent's prompt + output ids) + the rendering of
+        `messages[start:]`, the messages after the parent's answer `messages[start - 1]`.
+
+        A fallback (the template's full render, `fallback` saying why) when the text
+        after the answer cannot be told from the template's render."""
+        full = self.render_text(messages, tools, tool_choice)
+        closed = bool(parent_ids) and parent_ids[-1] in self.stop_token_ids
+        tail, why = self._after_answer(messages, start, tools, tool_choice, closed, full)
+        if tail is None:
+            return Rendered(self.encode(full), full, False, fallback=why)
+        return Rendered(parent_ids + self.encode(tail), tail, False, history="token_exact")
+
+    def _after_answer(
+        self,
+        messages: list[dict[str, Any]],
+        start: int,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        closed: bool,
+        full: str,
+    ) -> tuple[str | None, str]:
+        """(the text the template renders after the answer `messages[start - 1]`, or
+        None; the reason when None). `closed`: the model ended its answer with its stop
+        token, which stands in for the template's own closing token."""
+        if start < 1 or messages[start - 1].get("role") != "assistant":
+            return None, "no_answer"
+        marked = [*messages[: start - 1], {"role": "assistant", "content": _ANSWER_MARK}]
+        text = self.render_text([*marked, *messages[start:]], tools, tool_choice)
+        if text.count(_ANSWER_MARK) != 1:
+            return None, "template_drops_answer"
+        tail = text.split(_ANSWER_MARK, 1)[1]
+        if closed:
+            m = self._closing.match(tail)
+            if m is None:
+                return None, "no_closing_token"
+            tail = tail[m.end() :]
+        if not full.endswith(tail):  # the new messages render differently in context
+            return None, "template_mismatch"
+        return tail, ""
 
     def text_prefix(self, prompt_text: str, output_ids: list[int]) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
@@ -32,6 +32,8 @@ class CreateSessionRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     # forced on every request of the session, whatever the agent asks (e.g. greedy eval)
     sampling: SessionSampling | None = None
+    # how its turns' prompts are built (see GatewayConfig.history); none: the gateway's
+    history: Literal["template", "token_exact"] | None = None
 
 
 def _session_view(info: SessionInfo) -> dict[str, Any]:
@@ -43,6 +45,7 @@ def _session_view(info: SessionInfo) -> dict[str, Any]:
         "status": "ended" if info.ended else ("expired" if info.expired() else "active"),
         "metadata": info.meta,
         "sampling": info.sampling,
+        "history": info.history,
     }
 
 
@@ -83,6 +86,7 @@ async def create_session(
         ttl,
         body.metadata,
         body.sampling.model_dump(exclude_none=True) if body.sampling else None,
+        body.history,
     )
     state.keys.remember(key, info)
     state.metrics.inc("turnstile_sessions_created_total")

@@ -26,12 +26,12 @@ from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
 from gateway.chat.drift import drift
-from gateway.chat.linking import tokens_continue
+from gateway.chat.linking import answer_positions, tokens_continue
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
 from gateway.chat.tool_parsers import make_tool_parser
-from gateway.config import GatewayConfig
+from gateway.config import HISTORY_MODES, GatewayConfig
 from gateway.errors import APIError
 from gateway.inference.base import (
     ContextLengthExceeded,
@@ -46,6 +46,7 @@ from gateway.lru import LRU
 from gateway.metrics import Metrics
 from gateway.serving.turn import (
     ChoiceOutput,
+    Link,
     Parent,
     TextDelta,
     Turn,
@@ -54,7 +55,7 @@ from gateway.serving.turn import (
 )
 from gateway.store.codec import unpack_ints
 from gateway.store.recorder import Recorder, RecordError
-from gateway.store.repository import Repository
+from gateway.store.repository import Repository, SessionInfo
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ class ServingCore:
         }.get(config.reasoning_parser, config.reasoning_parser)
         if self.reasoning_parser_name is not None:
             make_reasoning_parser(self.reasoning_parser_name)
+        if config.history not in HISTORY_MODES:
+            raise ValueError(f"history {config.history!r}: one of {HISTORY_MODES}")
+        self.history = config.history
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: LRU[tuple[str, str], Parent] = LRU(config.parent_cache_size)
@@ -186,18 +190,22 @@ class ServingCore:
         asked = {k: turn.request.get(k) for k in forced}
         turn.request = {**turn.request, **forced, "client_sampling": asked}
 
-    def find_parent(self, session_id: str, hashes: list[str]) -> Parent | None:
+    def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
         """The latest recorded answer whose (request + answer) hash is in `hashes`."""
-        for h in hashes:
+        for rank, h in enumerate(hashes):
             hit = self._recent.get((session_id, h))
             if hit is not None:
-                return hit
+                return Link(hit, rank)
         if not hashes:
             return None
         found = self.repo.find_parent(session_id, hashes)
         if found is None:
             return None
-        return found[0], unpack_ints(found[1]), unpack_ints(found[2])
+        return Link((found[0], unpack_ints(found[1]), unpack_ints(found[2])), found[3])
+
+    def history_of(self, session: SessionInfo) -> str:
+        """How this session's prompts are built: its own choice, else the gateway's."""
+        return session.history or self.history
 
     # ---- retries ---------------------------------------------------------------------
     def track(self, session_id: str, body_hash: str | None) -> Tracked:
@@ -211,14 +219,21 @@ class ServingCore:
         *,
         param: str,
         code: str,
-        parent: Parent | None = None,
+        link: Link | None = None,
+        history: str = "template",
     ) -> Rendered:
-        """The prompt, on the parent's tokens where it provably continues them; a
-        template that cannot render the request is the client's 400."""
-        prefix = self._prefixes.get(parent[0]) if parent is not None else None
-        on = (parent[1] + parent[2], prefix) if parent is not None and prefix else None
+        """The prompt: with `history="token_exact"`, the parent's ids + the new messages
+        (when that can be told, else a counted fallback); otherwise the template's,
+        on the parent's tokens where it provably continues them. A template that
+        cannot render the request is the client's 400."""
         try:
-            rendered = self.renderer.render(messages, tools, tool_choice, on)
+            if history == "token_exact" and link is not None:
+                rendered = self._token_exact(messages, tools, tool_choice, link)
+                if rendered.fallback is None:
+                    return rendered
+                template = self._template(messages, tools, tool_choice, link)
+                return replace(template, fallback=rendered.fallback)
+            return self._template(messages, tools, tool_choice, link)
         except Exception as exc:  # jinja errors, bad message shapes
             raise APIError(
                 400,
@@ -227,6 +242,34 @@ class ServingCore:
                 param=param,
                 retryable=False,
             ) from exc
+
+    def _token_exact(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        link: Link,
+    ) -> Rendered:
+        start = answer_positions(messages)[link.rank] + 1
+        _, prompt_ids, output_ids = link.parent
+        rendered = self.renderer.render_token_exact(
+            messages, start, prompt_ids + output_ids, tools, tool_choice
+        )
+        kind = "fallbacks" if rendered.fallback else "built"
+        self.metrics.inc(f"turnstile_prompts_token_exact_{kind}_total")
+        return rendered
+
+    def _template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        link: Link | None,
+    ) -> Rendered:
+        parent = link.parent if link is not None else None
+        prefix = self._prefixes.get(parent[0]) if parent is not None else None
+        on = (parent[1] + parent[2], prefix) if parent is not None and prefix else None
+        rendered = self.renderer.render(messages, tools, tool_choice, on)
         if on is not None:
             kind = "incremental" if rendered.incremental else "fallbacks"
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
@@ -428,7 +471,8 @@ class ServingCore:
             raise APIError(503, str(exc), code="record_failed") from exc
         parent = (out.completion_id, turn.prompt_ids, out.output_ids)
         self._recent.put((turn.session_id, answer_hash), parent)
-        if turn.prompt_text is not None:
+        if turn.prompt_text is not None and turn.history != "token_exact":
+            # (a token_exact prompt's text is only its new messages': no prefix to give)
             prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
             if prefix is not None:
                 self._prefixes.put(out.completion_id, prefix)

@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from fastapi.responses import StreamingResponse
 
 from gateway.chat.output_parser import OutputParser
+from gateway.chat.template import Rendered
 from gateway.chat.tool_parsers import Event, content_events
 from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
@@ -137,8 +138,15 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         request: dict[str, Any] | None = None,
         param: str = "messages",
         prompt_text: str | None = None,
+        prompt: Rendered | None = None,
+        history: str = "template",
     ) -> Turn:
-        """One request as the engine and the store see it: the step `prepare` ends with."""
+        """One request as the engine and the store see it: the step `prepare` ends with.
+
+        `prompt` (the rendered chat prompt) gives the prompt ids and text; `history`:
+        the session's mode, recorded per turn when it is token_exact."""
+        if prompt is not None:
+            prompt_ids, prompt_text = prompt.ids, prompt.text
         params = self.core.sampling_params(
             len(prompt_ids),
             max_tokens=max_tokens,
@@ -162,6 +170,8 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             body_hash,
             prompt_text=prompt_text,
             drift=self.core.drift(parent, prompt_ids),
+            history=prompt.history if prompt is not None and history != "template" else None,
+            history_fallback=prompt.fallback if prompt is not None else None,
         )
 
     # ---- what each endpoint fills in -------------------------------------------------

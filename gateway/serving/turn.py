@@ -6,13 +6,21 @@ import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.chat.linking import tokens_continue
 from gateway.inference.base import SamplingParams, TopLogprobs
 from gateway.store.records import CompletionRecord
 
 Parent = tuple[str, list[int], list[int]]  # completion id, its prompt ids, its output ids
+
+
+class Link(NamedTuple):
+    """The parent a request continues, and which of the request's candidate parent
+    hashes matched it: its answer is message `answer_positions(messages)[rank]`."""
+
+    parent: Parent
+    rank: int
 
 
 def request_hash(body: bytes) -> str:
@@ -43,6 +51,10 @@ class Turn:
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
     drift: dict[str, Any] | None = None  # where the prompt leaves the parent's tokens, why
+    # what built the prompt (template | token_exact), recorded when the session asked for
+    # token_exact; and why it could not be token_exact, when it was not
+    history: str | None = None
+    history_fallback: str | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +96,10 @@ def completion_record(
         diagnostics["drift"] = turn.drift
     if tool_parse_failures:
         diagnostics["tool_parse_failures"] = tool_parse_failures
+    if turn.history:
+        diagnostics["history"] = turn.history
+    if turn.history_fallback:
+        diagnostics["history_fallback"] = turn.history_fallback
     return CompletionRecord(
         id=out.completion_id,
         session_id=turn.session_id,

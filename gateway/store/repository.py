@@ -24,6 +24,7 @@ class SessionInfo:
     meta: dict[str, Any]
     created_at: float
     sampling: dict[str, Any] | None = None  # forced on every request of the session
+    history: str | None = None  # how its prompts are built (None: the gateway's default)
 
     @property
     def ended(self) -> bool:
@@ -45,6 +46,7 @@ class Repository:
         ttl_s: float,
         meta: dict[str, Any],
         sampling: dict[str, Any] | None = None,
+        history: str | None = None,
     ) -> SessionInfo:
         now = time.time()
         row = dict(
@@ -55,10 +57,11 @@ class Repository:
             ended_at=None,
             metadata=meta,
             sampling=sampling,
+            history=history,
         )
         with self.engine.begin() as conn:
             conn.execute(SessionRow.__table__.insert(), [row])
-        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling)
+        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling, history)
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
         table = SessionRow.__table__
@@ -151,8 +154,9 @@ class Repository:
 
     def find_parent(
         self, session_id: str, prefix_hashes: list[str]
-    ) -> tuple[str, bytes, bytes] | None:
-        """Latest completion of the session whose (messages + answer) hash is in the list.
+    ) -> tuple[str, bytes, bytes, int] | None:
+        """Latest completion of the session whose (messages + answer) hash is in the list,
+        and the position of its hash in the list.
 
         The list is ordered longest prefix first; the longest match wins.
         """
@@ -168,7 +172,7 @@ class Repository:
             return None
         rank = {h: i for i, h in enumerate(prefix_hashes)}
         best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
-        return best.id, best.prompt_ids, best.output_ids
+        return best.id, best.prompt_ids, best.output_ids, rank[best.prefix_hash]
 
     def request_rows(self, session_id: str, request_hash: str, n: int) -> list[dict[str, Any]]:
         """The `n` choices of the latest request of the session with this body hash.
@@ -216,6 +220,7 @@ def _row_info(row: Any) -> SessionInfo:
         dict(m["metadata"] or {}),
         m["created_at"],
         m["sampling"],
+        m["history"],
     )
 
 

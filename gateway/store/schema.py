@@ -23,6 +23,8 @@ class SessionRow(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     # sampling settings forced on every request of the session (e.g. greedy evaluation)
     sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # how its turns' prompts are built (template | token_exact); NULL: the gateway's default
+    history: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class CompletionRow(Base):

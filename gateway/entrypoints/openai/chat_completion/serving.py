@@ -70,10 +70,11 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         tools = None if req.tool_choice == "none" else req.tools
-        parent = self.core.find_parent(session.id, candidate_parent_hashes(req.messages, req.tools))
+        link = self.core.find_parent(session.id, candidate_parent_hashes(req.messages, req.tools))
+        history = self.core.history_of(session)
         prompt = self.core.render(
             req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",
-            parent=parent,
+            link=link, history=history,
         )  # fmt: skip
         turn = self.turn(
             req,
@@ -84,8 +85,9 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             max_tokens=req.max_completion_tokens or req.max_tokens,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stops=req.stop_strings(),
-            parent=parent,
-            prompt_text=prompt.text,
+            parent=link.parent if link else None,
+            prompt=prompt,
+            history=history,
         )
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
         if req.stream:

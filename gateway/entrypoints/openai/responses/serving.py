@@ -99,14 +99,16 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        parent = self.core.find_parent(session.id, candidate_parent_hashes(messages, tools))
+        link = self.core.find_parent(session.id, candidate_parent_hashes(messages, tools))
+        history = self.core.history_of(session)
         prompt = self.core.render(
             messages,
             None if req.tool_choice == "none" else tools,
             req.tool_choice,
             param="input",
             code="invalid_input",
-            parent=parent,
+            link=link,
+            history=history,
         )
         request = req.model_dump(exclude_none=True)
         if req.previous_response_id is not None:
@@ -118,10 +120,11 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             [new_response_id()],
             body_hash,
             max_tokens=req.max_output_tokens,
-            parent=parent,
+            parent=link.parent if link else None,
             request=request,
             param="input",
-            prompt_text=prompt.text,
+            prompt=prompt,
+            history=history,
         )
         params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
