@@ -32,13 +32,16 @@ class Family:
     malformed: str  # a call that does not parse
     think: Callable[[str], str] | None = None  # reasoning as the model writes it
     config: dict[str, Any] = field(default_factory=dict)  # GatewayConfig overrides
+    write_text: Callable[[str], str] = lambda text: text  # the answer's text, framed
+    parallel: bool = True  # False: the first call ends the answer (its stop token)
+    shown_malformed: str | None = None  # the content a malformed call comes back as
 
     def answer(self, calls: list[Call] = (), text: str = "", reasoning: str = "") -> str:
         """An answer as the model writes it: reasoning, then text or calls."""
         out = self.think(reasoning) if self.think else ""
         if calls:
             return out + self.write_calls([self.write_call(n, a) for n, a in calls])
-        return out + text
+        return out + self.write_text(text)
 
     @property
     def chat_template(self) -> str | None:
@@ -91,6 +94,32 @@ FAMILIES = {
         config={"chat_template": "llama3_1_json"},
     ),
 }
+
+
+def _harmony_call(name: str, args: dict[str, Any]) -> str:
+    """A call as gpt-oss often writes it (recipient after the channel); `<|call|>` is
+    its stop token."""
+    return (
+        f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+        + json.dumps(args)
+        + "<|call|>"
+    )
+
+
+# gpt-oss: the prompt ends with `<|start|>assistant`, every later message starts so
+_HARMONY_MALFORMED = _harmony_call("get_weather", {}).replace("{}", '{"city": }')
+FAMILIES["gptoss"] = Family(
+    "gptoss",
+    "harmony",
+    "harmony",
+    _harmony_call,
+    "<|start|>assistant".join,
+    _HARMONY_MALFORMED,
+    think=lambda r: f"<|channel|>analysis<|message|>{r}<|end|><|start|>assistant" if r else "",
+    write_text=lambda t: f"<|channel|>final<|message|>{t}" if t else "",
+    parallel=False,
+    shown_malformed="<|start|>assistant" + _HARMONY_MALFORMED,
+)
 
 
 @cache

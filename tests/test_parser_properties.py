@@ -25,6 +25,7 @@ PARSERS = [
     ("hermes", "qwen3", "qwen3"),
     ("deepseek_v3", "deepseek_r1", "deepseek_v3"),
     ("llama3_json", None, "llama3_1"),
+    ("harmony", "harmony", "gptoss"),
 ]
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {}), ("f", {"x": [1, {"y": "é"}]})]
 
@@ -96,6 +97,12 @@ def test_any_pieces_parse_like_the_whole(tool, reasoning, family, data):
         "<｜tool▁calls▁begin｜>",
         "<｜tool▁calls▁end｜>",
         "<|python_tag|>",
+        "<|channel|>analysis<|message|>",
+        "<|channel|>final<|message|>",
+        "<|end|>",
+        "<|start|>assistant",
+        "<|call|>",
+        " to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>",
         "text",
         "é😀",
     ]

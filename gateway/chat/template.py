@@ -31,6 +31,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_tool_results
 from gateway.chat.reasoning_parsers import detect_reasoning_parser
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
@@ -139,13 +140,20 @@ _ANSWER_MARK = "\ue000turnstile-answer\ue001"
 TEMPLATES = Path(__file__).with_name("templates")
 
 
+# Not a Jinja template: gpt-oss's harmony format, rendered by openai-harmony (harmony.py).
+HARMONY = "harmony"
+
+
 def load_chat_template(name_or_path: str) -> str:
-    """A Jinja chat template: a file, or the name of one shipped in chat/templates/."""
+    """A Jinja chat template: a file, or the name of one shipped in chat/templates/
+    (or `harmony`, which names the harmony renderer)."""
+    if name_or_path == HARMONY:
+        return HARMONY
     path = Path(name_or_path)
     if not path.is_file():
         path = TEMPLATES / f"{name_or_path}.jinja"
     if not path.is_file():
-        known = sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
+        known = sorted([HARMONY, *(p.stem for p in TEMPLATES.glob("*.jinja"))])
         raise ValueError(f"no chat template {name_or_path!r} (a file, or one of {known})")
     return path.read_text()
 
@@ -161,6 +169,9 @@ class ChatRenderer:
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template: str | None = chat_template or tokenizer.chat_template
+        if self.chat_template is None and is_harmony_tokenizer(tokenizer):
+            self.chat_template = HARMONY  # gpt-oss's tokenizers ship no Jinja template
+        self.harmony = HarmonyTemplate(tokenizer) if self.chat_template == HARMONY else None
         self.eos_token_id: int = int(tokenizer.eos_token_id)
         stops = {self.eos_token_id}
         # the turn enders of ChatML, Llama 3 (`<|eom_id|>`: after a tool call) and harmony
@@ -178,6 +189,9 @@ class ChatRenderer:
         knows_tools = self.traits.tools or self.traits.tool_calls
         self.tool_parser = detect_tool_parser(template) if knows_tools else "hermes"
         self.reasoning_parser = detect_reasoning_parser(template)
+        if self.harmony is not None:
+            self.traits = TemplateTraits(True, True, False, False, True)
+            self.tool_parser = self.reasoning_parser = "harmony"
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
         # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
@@ -242,6 +256,8 @@ class ChatRenderer:
         token, which stands in for the template's own closing token."""
         if start < 1 or messages[start - 1].get("role") != "assistant":
             return None, "no_answer"
+        if self.harmony is not None:  # a result names its call, which the mark drops
+            messages = name_tool_results(messages)
         marked = [*messages[: start - 1], {"role": "assistant", "content": _ANSWER_MARK}]
         text = self.render_text([*marked, *messages[start:]], tools, tool_choice)
         if text.count(_ANSWER_MARK) != 1:
@@ -280,6 +296,8 @@ class ChatRenderer:
         )
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        if self.harmony is not None:
+            return self.harmony.render(messages, tools)
         if self.traits.none_content:
             # apply_chat_template drops None-valued keys, and a template that tells a
             # tool-call turn by `content is none` (DeepSeek V3's) then cannot render it:

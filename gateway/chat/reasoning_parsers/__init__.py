@@ -1,6 +1,9 @@
 """Reasoning parsers by model family (see base.py); importing this registers them all."""
 
-from gateway.chat.reasoning_parsers import think  # noqa: F401  (registers qwen3, deepseek_r1)
+from gateway.chat.reasoning_parsers import (  # noqa: F401  (each registers its parsers)
+    harmony,
+    think,
+)
 from gateway.chat.reasoning_parsers.base import (
     REASONING_PARSERS,
     ReasoningParser,

@@ -2,6 +2,7 @@
 
 from gateway.chat.tool_parsers import (  # noqa: F401  (each registers its parser)
     deepseek_v3,
+    harmony,
     hermes,
     llama3_json,
     qwen3_coder,
