@@ -534,3 +534,57 @@ def test_a_session_may_choose_template_history(family, family_gateway, new_sessi
     ids = three_turn_session(family, gw, key)
     third = completion_record(gw, session_id, ids[2])
     assert third["diagnostics"]["drift"]["cause"] == "reasoning_dropped"
+
+
+def drift_of_second_turn(
+    family: Family, gw: BackgroundGateway, session_id: str, key: str, answer: str, args: str
+) -> dict[str, Any]:
+    """The second turn's drift when the model wrote `answer` (a call) and the client
+    sends the call back with `args` as its arguments."""
+    client = openai_client(gw, key)
+    gw.engine.script(answer, family.answer(text="Done."))
+    first = ask(client, QUESTION, stream=False)
+    call = first["message"]["tool_calls"][0]
+    call["function"]["arguments"] = args
+    messages = [
+        *QUESTION,
+        first["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": "22 C"},
+    ]
+    second = ask(client, messages, stream=False)
+    rec = completion_record(gw, session_id, second["id"])
+    assert rec["parent_id"] == first["id"]  # the same call, compared as parsed JSON
+    assert rec["tokens_continue_parent"] is False
+    return rec["diagnostics"]["drift"]
+
+
+@QWEN3_ONLY
+def test_drift_from_rewritten_tool_arguments(family, family_gateway, new_session):
+    """The client sends the call's arguments back in another key order: the template
+    writes them as sent, not as the model wrote them."""
+    gw = family_gateway()
+    session_id, key = new_session(gw)
+    answer = _hermes_call({"city": "Paris", "unit": "C"})
+    found = drift_of_second_turn(
+        family, gw, session_id, key, answer, '{"unit": "C", "city": "Paris"}'
+    )
+    assert found["cause"] == "tool_arguments"
+    assert metric(gw, "turnstile_prompt_drift_tool_arguments_total") == 1
+    assert read_session(gw, session_id)["stats"]["drift_causes"] == {"tool_arguments": 1}
+
+
+@QWEN3_ONLY
+def test_drift_from_whitespace(family, family_gateway, new_session):
+    """The model wrote compact JSON; the template writes it back with spaces."""
+    gw = family_gateway()
+    session_id, key = new_session(gw)
+    answer = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    found = drift_of_second_turn(family, gw, session_id, key, answer, '{"city": "Paris"}')
+    assert found["cause"] == "whitespace"
+    assert metric(gw, "turnstile_prompt_drift_whitespace_total") == 1
+
+
+def _hermes_call(args: dict[str, Any]) -> str:
+    return (
+        "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": args}) + "\n</tool_call>"
+    )
