@@ -588,3 +588,26 @@ def _hermes_call(args: dict[str, Any]) -> str:
     return (
         "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": args}) + "\n</tool_call>"
     )
+
+
+def test_token_exact_with_harmony():
+    """gpt-oss: the text after a call is the tool result's message; after a final
+    answer, the next user message (the model's `<|return|>` stays)."""
+    from gateway.chat.template import ChatRenderer
+
+    tok = family_tokenizer("gptoss")
+    renderer = ChatRenderer(tok)
+    family = FAMILIES["gptoss"]
+    first = renderer.render(QUESTION, TOOLS)
+    out1 = scripted_ids(family, family.answer([("get_weather", {"city": "Paris"})], "", "Ask."))
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    answer = {"role": "assistant", "content": "", "reasoning_content": "Ask.", "tool_calls": [call]}
+    messages = [*QUESTION, answer, {"role": "tool", "tool_call_id": "c1", "content": "22 C"}]
+    second = renderer.render_token_exact(messages, 3, first.ids + out1, TOOLS)
+    assert second.history == "token_exact"
+    assert second.text == (
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>22 C"
+        "<|end|><|start|>assistant"
+    )
+    assert second.ids[: len(first.ids) + len(out1)] == first.ids + out1
