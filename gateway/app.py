@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.auth import KeyRing
-from gateway.chat.template import ChatRenderer
+from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
 from gateway.entrypoints.openai import models
@@ -38,7 +38,8 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     """Open the store and tokenizer; the engine is started later, in the lifespan."""
     engine = engine or make_inference_engine(config)
     tokenizer = load_tokenizer(resolve_model_dir(config.model))
-    renderer = ChatRenderer(tokenizer)
+    template = load_chat_template(config.chat_template) if config.chat_template else None
+    renderer = ChatRenderer(tokenizer, template)
     db = open_database(config.database or "turnstile.db")
     repo = Repository(db)
     recorder = Recorder(db)

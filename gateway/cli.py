@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from gateway.config import GatewayConfig
+from gateway.config import HISTORY_MODES, GatewayConfig
 
 
 # choices a flag takes, from the registries (loaded only when the parser is built)
@@ -25,6 +25,12 @@ def _choices(name: str) -> list[str] | None:
         from gateway.chat.tool_parsers import TOOL_PARSERS
 
         return ["auto", *sorted(TOOL_PARSERS)]
+    if name == "reasoning_parser":
+        from gateway.chat.reasoning_parsers import REASONING_PARSERS
+
+        return ["auto", "none", *sorted(REASONING_PARSERS)]
+    if name == "history":
+        return list(HISTORY_MODES)
     return None
 
 

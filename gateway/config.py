@@ -7,6 +7,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+# how a turn's prompt is built from the earlier turn it continues (GatewayConfig.history)
+HISTORY_MODES = ("template", "token_exact")
+
 
 def _field(default: Any, help: str, *, flag: str | None = None) -> Any:
     """A setting: its default, what it means, and its CLI flag when not --<name>."""
@@ -74,4 +77,22 @@ class GatewayConfig:
     key_cache_size: int = _field(100_000, "session keys kept in memory (LRU; older: a DB read)")
     tool_parser: str = _field(
         "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"
+    )
+    reasoning_parser: str = _field(
+        "auto",
+        "reasoning format to parse (gateway/chat/reasoning_parsers); auto: from the template; "
+        "none: no reasoning is split off",
+    )
+    history: str = _field(
+        "template",
+        "how a turn's prompt is built from an earlier turn it continues: template (the "
+        "chat template renders the whole conversation, as the model was trained) or "
+        "token_exact (the earlier turn's prompt + output ids, then only the new messages "
+        "rendered: every turn extends the last, but the model sees what its template "
+        "would hide, e.g. earlier reasoning); a session may choose its own",
+    )
+    chat_template: str | None = _field(
+        None,
+        "a Jinja chat template file, or the name of one in gateway/chat/templates "
+        "(e.g. llama3_1_json), used instead of the tokenizer's own",
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from gateway import json_codec
 from gateway.errors import APIError, error_body
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -15,9 +15,8 @@ _HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def sse_event(data: dict[str, Any], event: str | None = None) -> bytes:
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json_codec.dumps(data) + b"\n\n"
 
 
 def sse_error(exc: APIError) -> bytes:

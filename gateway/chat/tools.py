@@ -25,6 +25,7 @@ _FOOTER = (
     "within <tool_call></tool_call> XML tags:\n"
     f'{TOOL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{TOOL_CLOSE}'
 )
+_OTHER_FOOTER = "\n</tools>\n\nFor each function call, write:\n"
 
 
 def tool_name(tool: dict[str, Any]) -> str | None:
@@ -44,8 +45,12 @@ def forced_tool(tool_choice: Any) -> str | None:
     return None
 
 
-def tools_system_prompt(tools: list[dict[str, Any]], tool_choice: Any = None) -> str:
-    text = _HEADER + json.dumps(tools, ensure_ascii=False) + _FOOTER
+def tools_system_prompt(
+    tools: list[dict[str, Any]], tool_choice: Any = None, call_format: str | None = None
+) -> str:
+    """`call_format`: how the model writes one call (None: the Hermes form)."""
+    footer = _FOOTER if call_format is None else _OTHER_FOOTER + call_format
+    text = _HEADER + json.dumps(tools, ensure_ascii=False) + footer
     forced = forced_tool(tool_choice)
     if forced:
         text += f"\n\nYou must call the function `{forced}`."
@@ -65,18 +70,25 @@ def render_tool_calls(tool_calls: list[dict[str, Any]]) -> str:
 
 
 def inline_tools(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any = None
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any = None,
+    call_format: str | None = None,
+    inline_calls: bool = True,
 ) -> list[dict[str, Any]]:
-    """Normalised messages -> messages a tool-less template renders faithfully."""
+    """Normalised messages -> messages a tool-less template renders faithfully.
+
+    `inline_calls=False`: the template writes earlier tool calls itself (DeepSeek V3's
+    shows calls but not the tools), so only the tools are added."""
     out = []
     for m in messages:
-        if m.get("tool_calls"):
+        if inline_calls and m.get("tool_calls"):
             calls = render_tool_calls(m["tool_calls"])
             content = m["content"]
             m = {**m, "content": f"{content}\n{calls}" if content else calls}
         out.append(m)
     if tools:
-        block = tools_system_prompt(tools, tool_choice)
+        block = tools_system_prompt(tools, tool_choice, call_format)
         if out and out[0]["role"] == "system":
             first = out[0]
             out[0] = {**first, "content": f"{first['content']}\n\n{block}"}

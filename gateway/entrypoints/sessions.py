@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
@@ -32,6 +32,8 @@ class CreateSessionRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     # forced on every request of the session, whatever the agent asks (e.g. greedy eval)
     sampling: SessionSampling | None = None
+    # how its turns' prompts are built (see GatewayConfig.history); none: the gateway's
+    history: Literal["template", "token_exact"] | None = None
 
 
 def _session_view(info: SessionInfo) -> dict[str, Any]:
@@ -43,6 +45,7 @@ def _session_view(info: SessionInfo) -> dict[str, Any]:
         "status": "ended" if info.ended else ("expired" if info.expired() else "active"),
         "metadata": info.meta,
         "sampling": info.sampling,
+        "history": info.history,
     }
 
 
@@ -83,6 +86,7 @@ async def create_session(
         ttl,
         body.metadata,
         body.sampling.model_dump(exclude_none=True) if body.sampling else None,
+        body.history,
     )
     state.keys.remember(key, info)
     state.metrics.inc("turnstile_sessions_created_total")
@@ -112,8 +116,23 @@ async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[
             "num_completions": len(completions),
             "num_rewarded": sum(1 for c in completions if c["reward"] is not None),
             "token_prefix_mismatches": mismatched,
+            "drift_causes": _drift_causes(completions),
+            "tool_parse_failures": sum(
+                c["diagnostics"].get("tool_parse_failures", 0) for c in completions
+            ),
         },
     }
+
+
+def _drift_causes(completions: list[dict[str, Any]]) -> dict[str, int]:
+    """How many turns drifted from their parent's tokens, by cause ("unknown": not known)."""
+    causes: dict[str, int] = {}
+    for c in completions:
+        found = c["diagnostics"].get("drift")
+        if found:
+            cause = found.get("cause") or "unknown"
+            causes[cause] = causes.get(cause, 0) + 1
+    return causes
 
 
 @router.post("/{session_id}/end")

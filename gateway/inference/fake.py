@@ -80,7 +80,11 @@ class FakeEngine(InferenceEngine):
             reply = self._encode(reply)
         out = list(reply)[: params.max_new_tokens]
         finish = "length"
-        if len(out) < params.max_new_tokens:
+        stops = set(params.stop_token_ids or ())
+        cut = next((i for i, t in enumerate(out) if t in stops), None)
+        if cut is not None:  # as an engine does: a stop token (harmony's `<|call|>`) ends it
+            out, finish = out[: cut + 1], "stop"
+        elif len(out) < params.max_new_tokens:
             out.append(self._stop_id)
             finish = "stop"
         n = len(out)

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+from gateway import json_codec
 from gateway.inference.base import (
     ContextLengthExceeded,
     EngineError,
@@ -58,7 +59,7 @@ def generate_body(
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return json_codec.dumps(obj)
 
 
 def normalize_url(url: str) -> str:

@@ -25,9 +25,13 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
+from gateway.chat.drift import drift
+from gateway.chat.linking import answer_positions, tokens_continue
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
-from gateway.chat.tool_parsers import ToolParser, make_tool_parser
-from gateway.config import GatewayConfig
+from gateway.chat.tool_parsers import make_tool_parser
+from gateway.config import HISTORY_MODES, GatewayConfig
 from gateway.errors import APIError
 from gateway.inference.base import (
     ContextLengthExceeded,
@@ -42,6 +46,7 @@ from gateway.lru import LRU
 from gateway.metrics import Metrics
 from gateway.serving.turn import (
     ChoiceOutput,
+    Link,
     Parent,
     TextDelta,
     Turn,
@@ -49,7 +54,7 @@ from gateway.serving.turn import (
     text_delta,
 )
 from gateway.store.recorder import Recorder, RecordError
-from gateway.store.repository import Repository
+from gateway.store.repository import Repository, SessionInfo
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +124,15 @@ class ServingCore:
             renderer.tool_parser if config.tool_parser == "auto" else config.tool_parser
         )
         make_tool_parser(self.tool_parser_name)  # an unknown name fails at start-up
+        self.reasoning_parser_name: str | None = {
+            "auto": renderer.reasoning_parser,
+            "none": None,
+        }.get(config.reasoning_parser, config.reasoning_parser)
+        if self.reasoning_parser_name is not None:
+            make_reasoning_parser(self.reasoning_parser_name)
+        if config.history not in HISTORY_MODES:
+            raise ValueError(f"history {config.history!r}: one of {HISTORY_MODES}")
+        self.history = config.history
         self.pending = 0
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: LRU[tuple[str, str], Parent] = LRU(
@@ -181,19 +195,23 @@ class ServingCore:
         asked = {k: turn.request.get(k) for k in forced}
         turn.request = {**turn.request, **forced, "client_sampling": asked}
 
-    def find_parent(self, session_id: str, hashes: list[str]) -> Parent | None:
+    def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
         """The latest recorded answer whose (request + answer) hash is in `hashes`."""
-        for h in hashes:
+        for rank, h in enumerate(hashes):
             hit = self._recent.get((session_id, h))
             if hit is not None:
-                return hit
+                return Link(hit, rank)
         if not hashes:
             return None
         found = self.repo.find_parent(session_id, hashes)
         if found is None:
             return None
-        cid, full = found
-        return Parent(cid, full.prompt_ids, full.output_ids, full.request)
+        cid, full, rank = found
+        return Link(Parent(cid, full.prompt_ids, full.output_ids, full.request), rank)
+
+    def history_of(self, session: SessionInfo) -> str:
+        """How this session's prompts are built: its own choice, else the gateway's."""
+        return session.history or self.history
 
     # ---- retries ---------------------------------------------------------------------
     def track(self, session_id: str, body_hash: str | None) -> Tracked:
@@ -207,14 +225,21 @@ class ServingCore:
         *,
         param: str,
         code: str,
-        parent: Parent | None = None,
+        link: Link | None = None,
+        history: str = "template",
     ) -> Rendered:
-        """The prompt, on the parent's tokens where it provably continues them; a
-        template that cannot render the request is the client's 400."""
-        prefix = self._prefixes.get(parent[0]) if parent is not None else None
-        on = (parent[1] + parent[2], prefix) if parent is not None and prefix else None
+        """The prompt: with `history="token_exact"`, the parent's ids + the new messages
+        (when that can be told, else a counted fallback); otherwise the template's,
+        on the parent's tokens where it provably continues them. A template that
+        cannot render the request is the client's 400."""
         try:
-            rendered = self.renderer.render(messages, tools, tool_choice, on)
+            if history == "token_exact" and link is not None:
+                rendered = self._token_exact(messages, tools, tool_choice, link)
+                if rendered.fallback is None:
+                    return rendered
+                template = self._template(messages, tools, tool_choice, link)
+                return replace(template, fallback=rendered.fallback)
+            return self._template(messages, tools, tool_choice, link)
         except Exception as exc:  # jinja errors, bad message shapes
             raise APIError(
                 400,
@@ -223,16 +248,70 @@ class ServingCore:
                 param=param,
                 retryable=False,
             ) from exc
+
+    def _token_exact(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        link: Link,
+    ) -> Rendered:
+        start = answer_positions(messages)[link.rank] + 1
+        prompt_ids, output_ids = link.parent.prompt_ids, link.parent.output_ids
+        rendered = self.renderer.render_token_exact(
+            messages, start, prompt_ids + output_ids, tools, tool_choice
+        )
+        kind = "fallbacks" if rendered.fallback else "built"
+        self.metrics.inc(f"turnstile_prompts_token_exact_{kind}_total")
+        return rendered
+
+    def _template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        link: Link | None,
+    ) -> Rendered:
+        parent = link.parent if link is not None else None
+        prefix = self._prefixes.get(parent[0]) if parent is not None else None
+        on = (parent[1] + parent[2], prefix) if parent is not None and prefix else None
+        rendered = self.renderer.render(messages, tools, tool_choice, on)
         if on is not None:
             kind = "incremental" if rendered.incremental else "fallbacks"
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
         return rendered
 
-    def tool_parser(self) -> ToolParser:
-        """A parser for tool calls in the format of this gateway's model."""
-        return make_tool_parser(self.tool_parser_name)
+    def drift(self, parent: Parent | None, prompt_ids: list[int]) -> dict[str, Any] | None:
+        """Where (and why) this prompt stops continuing its parent's tokens, counted in
+        /metrics; None when it continues them (or has no parent)."""
+        if parent is None or tokens_continue(parent[1], parent[2], prompt_ids):
+            return None
+        tok = self.renderer.tokenizer
 
-    def count_tool_calls(self, parser: ToolParser | None) -> None:
+        def decode(ids: list[int]) -> str:
+            return tok.decode(ids, skip_special_tokens=False)
+
+        calls = make_tool_parser(self.tool_parser_name)
+        calls.feed(decode(parent[2]))
+        calls.finish()
+        found = drift(parent[1], parent[2], prompt_ids, decode, bool(calls.tool_calls))
+        if found is not None:
+            self.metrics.inc("turnstile_prompt_drift_total")
+            self.metrics.inc(f"turnstile_prompt_drift_{found['cause'] or 'unknown'}_total")
+        return found
+
+    def output_parser(self, prompt_text: str | None, tools: bool) -> OutputParser | None:
+        """A parser for this model's reasoning (if it has a format) and, when the
+        request may call tools, its tool calls; None when there is nothing to parse."""
+        reasoning = None
+        if self.reasoning_parser_name is not None:
+            reasoning = make_reasoning_parser(self.reasoning_parser_name, prompt_text or "")
+        calls = make_tool_parser(self.tool_parser_name) if tools else None
+        if reasoning is None and calls is None:
+            return None
+        return OutputParser(reasoning, calls)
+
+    def count_tool_calls(self, parser: OutputParser | None) -> None:
         if parser is None:
             return
         if parser.failures:
@@ -382,12 +461,15 @@ class ServingCore:
         response: dict[str, Any],
         finish_reason: str,
         answer_hash: str,
+        tool_parse_failures: int = 0,
     ) -> None:
         """Commit one choice; return only once it is durable (RecordError -> 503).
 
         Shielded: a client that disconnects does not cancel its record.
         """
-        record = completion_record(turn, out, response, finish_reason, answer_hash)
+        record = completion_record(
+            turn, out, response, finish_reason, answer_hash, tool_parse_failures
+        )
         try:
             await asyncio.shield(self.recorder.record(record))
         except RecordError as exc:
@@ -395,7 +477,8 @@ class ServingCore:
             raise APIError(503, str(exc), code="record_failed") from exc
         parent = Parent(out.completion_id, turn.prompt_ids, out.output_ids, turn.request)
         self._recent.put((turn.session_id, answer_hash), parent)
-        if turn.prompt_text is not None:
+        if turn.prompt_text is not None and turn.history != "token_exact":
+            # (a token_exact prompt's text is only its new messages': no prefix to give)
             prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
             if prefix is not None:
                 self._prefixes.put(out.completion_id, prefix)

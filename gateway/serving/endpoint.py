@@ -21,7 +21,9 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from gateway.chat.tool_parsers import Event, ToolParser, content_events
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.template import Rendered
+from gateway.chat.tool_parsers import Event, content_events
 from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
 from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn
@@ -72,7 +74,7 @@ class Choice:
     subclass it for their stream shapes.
     """
 
-    def __init__(self, index: int, parser: ToolParser | None, streaming: bool) -> None:
+    def __init__(self, index: int, parser: OutputParser | None, streaming: bool) -> None:
         self.index = index
         self.parser = parser
         self.streaming = streaming
@@ -136,8 +138,15 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         request: dict[str, Any] | None = None,
         param: str = "messages",
         prompt_text: str | None = None,
+        prompt: Rendered | None = None,
+        history: str = "template",
     ) -> Turn:
-        """One request as the engine and the store see it: the step `prepare` ends with."""
+        """One request as the engine and the store see it: the step `prepare` ends with.
+
+        `prompt` (the rendered chat prompt) gives the prompt ids and text; `history`:
+        the session's mode, recorded per turn when it is token_exact."""
+        if prompt is not None:
+            prompt_ids, prompt_text = prompt.ids, prompt.text
         params = self.core.sampling_params(
             len(prompt_ids),
             max_tokens=max_tokens,
@@ -160,6 +169,9 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             ids,
             body_hash,
             prompt_text=prompt_text,
+            drift=self.core.drift(parent, prompt_ids),
+            history=prompt.history if prompt is not None and history != "template" else None,
+            history_fallback=prompt.fallback if prompt is not None else None,
         )
 
     # ---- what each endpoint fills in -------------------------------------------------
@@ -245,7 +257,10 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             put(frame)
         answer = self.finish(p, turn, choice, out)
         self.core.count_tool_calls(choice.parser)
-        await self.core.record(turn, out, answer.response, answer.finish_reason, answer.answer_hash)
+        failures = choice.parser.failures if choice.parser else 0
+        await self.core.record(
+            turn, out, answer.response, answer.finish_reason, answer.answer_hash, failures
+        )
         if queue is not None and out.finish_reason != "abort":
             for frame in choice.done(answer):
                 put(frame)

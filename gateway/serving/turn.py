@@ -23,6 +23,14 @@ class Parent(NamedTuple):
     request: dict[str, Any] | None = None  # as recorded (None: unknown; the child is stored whole)
 
 
+class Link(NamedTuple):
+    """The parent a request continues, and which of the request's candidate parent
+    hashes matched it: its answer is message `answer_positions(messages)[rank]`."""
+
+    parent: Parent
+    rank: int
+
+
 def request_hash(body: bytes) -> str:
     """Identity of a request body: a client retry sends the very same bytes."""
     return hashlib.blake2b(body, digest_size=16).hexdigest()
@@ -50,6 +58,11 @@ class Turn:
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
+    drift: dict[str, Any] | None = None  # where the prompt leaves the parent's tokens, why
+    # what built the prompt (template | token_exact), recorded when the session asked for
+    # token_exact; and why it could not be token_exact, when it was not
+    history: str | None = None
+    history_fallback: str | None = None
 
 
 @dataclass(slots=True)
@@ -77,10 +90,24 @@ class ChoiceOutput:
 
 
 def completion_record(
-    turn: Turn, out: ChoiceOutput, response: dict[str, Any], finish_reason: str, prefix_hash: str
+    turn: Turn,
+    out: ChoiceOutput,
+    response: dict[str, Any],
+    finish_reason: str,
+    prefix_hash: str,
+    tool_parse_failures: int = 0,
 ) -> CompletionRecord:
     """The one place a completion's record is built, for HTTP and direct generations."""
     parent = turn.parent
+    diagnostics: dict[str, Any] = {}
+    if turn.drift:
+        diagnostics["drift"] = turn.drift
+    if tool_parse_failures:
+        diagnostics["tool_parse_failures"] = tool_parse_failures
+    if turn.history:
+        diagnostics["history"] = turn.history
+    if turn.history_fallback:
+        diagnostics["history_fallback"] = turn.history_fallback
     return CompletionRecord(
         id=out.completion_id,
         session_id=turn.session_id,
@@ -110,6 +137,7 @@ def completion_record(
             if parent is not None and parent.request is not None
             else None
         ),
+        diagnostics=diagnostics or None,
     )
 
 

@@ -8,6 +8,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 
+from gateway import json_codec
+
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -23,7 +25,11 @@ def database_url(path_or_url: str | Path) -> str:
 def open_database(path_or_url: str | Path) -> Engine:
     url = database_url(path_or_url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_serializer=json_codec.dumps_text,
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -35,7 +41,13 @@ def open_database(path_or_url: str | Path) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        engine = create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=20,
+            json_serializer=json_codec.dumps_text,
+        )
     migrate(engine)
     return engine
 

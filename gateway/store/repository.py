@@ -25,6 +25,7 @@ class SessionInfo:
     meta: dict[str, Any]
     created_at: float
     sampling: dict[str, Any] | None = None  # forced on every request of the session
+    history: str | None = None  # how its prompts are built (None: the gateway's default)
 
     @property
     def ended(self) -> bool:
@@ -46,6 +47,7 @@ class Repository:
         ttl_s: float,
         meta: dict[str, Any],
         sampling: dict[str, Any] | None = None,
+        history: str | None = None,
     ) -> SessionInfo:
         now = time.time()
         row = dict(
@@ -56,10 +58,11 @@ class Repository:
             ended_at=None,
             metadata=meta,
             sampling=sampling,
+            history=history,
         )
         with self.engine.begin() as conn:
             conn.execute(SessionRow.__table__.insert(), [row])
-        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling)
+        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling, history)
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
         table = SessionRow.__table__
@@ -157,9 +160,11 @@ class Repository:
             ).all()
         return {r.id: r.session_id for r in rows}
 
-    def find_parent(self, session_id: str, prefix_hashes: list[str]) -> tuple[str, Full] | None:
+    def find_parent(
+        self, session_id: str, prefix_hashes: list[str]
+    ) -> tuple[str, Full, int] | None:
         """Latest completion of the session whose (messages + answer) hash is in the list,
-        with its whole request and prompt ids.
+        with its whole request and prompt ids, and the position of its hash in the list.
 
         The list is ordered longest prefix first; the longest match wins.
         """
@@ -176,7 +181,7 @@ class Repository:
             rank = {h: i for i, h in enumerate(prefix_hashes)}
             best = min(rows, key=lambda r: (rank[r.prefix_hash], -r.created_at))
             rebuilder = self._rebuilder(conn, session_id)
-            return best.id, rebuilder.one(rebuilder.row(best.id))
+            return best.id, rebuilder.one(rebuilder.row(best.id)), rank[best.prefix_hash]
 
     def _rebuilder(self, conn: Any, session_id: str) -> Rebuilder:
         """A rebuilder over the session's stored rows (deltas: about one conversation)."""
@@ -241,6 +246,7 @@ def _row_info(row: Any) -> SessionInfo:
         dict(m["metadata"] or {}),
         m["created_at"],
         m["sampling"],
+        m["history"],
     )
 
 
@@ -267,4 +273,5 @@ def completion_dict(m: Any, full: Full) -> dict[str, Any]:
         timings=dict(queue_s=m["queue_s"], gen_s=m["gen_s"], total_s=m["total_s"]),
         reward=m["reward"],
         choice_index=m["choice_index"],
+        diagnostics=m["diagnostics"] or {},
     )

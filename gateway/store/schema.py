@@ -23,6 +23,8 @@ class SessionRow(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     # sampling settings forced on every request of the session (e.g. greedy evaluation)
     sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # how its turns' prompts are built (template | token_exact); NULL: the gateway's default
+    history: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class CompletionRow(Base):
@@ -63,6 +65,10 @@ class CompletionRow(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # which of the request's `n` choices this is (its id is `<choice 0's id>-<index>`)
     choice_index: Mapped[int] = mapped_column(Integer, default=0)
+    # not errors, but worth knowing: {"tool_parse_failures": n, "drift": {"at", "cause"}}
+    diagnostics: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
     __table_args__ = (
         Index("ix_completions_session_prefix", "session_id", "prefix_hash"),

@@ -1,10 +1,17 @@
 """Tool-call parsers by model family (see base.py); importing this registers them all."""
 
-from gateway.chat.tool_parsers import hermes  # noqa: F401  (registers "hermes")
+from gateway.chat.tool_parsers import (  # noqa: F401  (each registers its parser)
+    deepseek_v3,
+    harmony,
+    hermes,
+    llama3_json,
+    qwen3_coder,
+)
 from gateway.chat.tool_parsers.base import (
     TOOL_PARSERS,
     ContentEvent,
     Event,
+    ReasoningEvent,
     ToolCall,
     ToolCallEvent,
     ToolParser,
@@ -18,6 +25,7 @@ __all__ = [
     "TOOL_PARSERS",
     "ContentEvent",
     "Event",
+    "ReasoningEvent",
     "ToolCall",
     "ToolCallEvent",
     "ToolParser",

@@ -9,11 +9,13 @@ dropping them. Add a model family's format as one module with
 from __future__ import annotations
 
 import abc
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.chat.detokenize import partial_suffix_len
 from gateway.registry import Registry
 
 
@@ -41,12 +43,19 @@ class ContentEvent:
 
 
 @dataclass(slots=True)
+class ReasoningEvent:
+    """Text of the model's reasoning (a `<think>` block, harmony's analysis channel)."""
+
+    text: str
+
+
+@dataclass(slots=True)
 class ToolCallEvent:
     index: int  # position among this answer's tool calls
     call: ToolCall
 
 
-Event = ContentEvent | ToolCallEvent
+Event = ContentEvent | ReasoningEvent | ToolCallEvent
 
 
 def content_events(text: str) -> list[Event]:
@@ -56,6 +65,10 @@ def content_events(text: str) -> list[Event]:
 
 class ToolParser(abc.ABC):
     """Feed text as it is generated; get content and complete tool calls back."""
+
+    # How one call is written, for the tool prompt the gateway adds when a template
+    # shows no tools (gateway/chat/tools.py); None: the Hermes form.
+    call_format: str | None = None
 
     def __init__(self) -> None:
         self.content_parts: list[str] = []
@@ -77,23 +90,127 @@ class ToolParser(abc.ABC):
         """Events for what was held back, once the answer is complete."""
 
 
+def arguments_json(args: Any) -> str | None:
+    """Tool arguments as a JSON object's text (None when they are not an object).
+
+    A call with no arguments is a real call: missing or empty arguments are `{}`. Some
+    models double-encode the object as a JSON string; that is undone.
+    """
+    if args is None or args == "":
+        return "{}"
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return json.dumps(args, ensure_ascii=False)
+
+
+class BlockToolParser(ToolParser):
+    """Tool calls inside `open ... close` markers, the body parsed by `parse_block`.
+
+    Text that could be the start of the open marker is held back until it is known,
+    and a block's calls are only reported once its close marker (or the end of the
+    answer) is seen. A block that does not parse comes back as content, markers
+    included, and is counted in `failures`. Whitespace between calls is not content.
+    """
+
+    open: str
+    close: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buf = ""
+        self._in_call = False
+        self._held_ws = ""
+
+    @abc.abstractmethod
+    def parse_block(self, body: str) -> list[tuple[str, str]] | None:
+        """(name, arguments JSON) of each call in one block; None if it does not parse
+        (`[]`: a block that says "no call", as SmolLM2's `[]`)."""
+
+    def feed(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        self._buf += text
+        while self._buf:
+            if not self._in_call:
+                start = self._buf.find(self.open)
+                if start < 0:
+                    ready = len(self._buf) - partial_suffix_len(self._buf, (self.open,))
+                    self._content(self._buf[:ready], events)
+                    self._buf = self._buf[ready:]
+                    break
+                self._content(self._buf[:start], events)
+                self._buf = self._buf[start + len(self.open) :]
+                self._in_call = True
+            else:
+                end = self._buf.find(self.close)
+                if end < 0:
+                    break
+                self._block(self._buf[:end], closed=True, events=events)
+                self._buf = self._buf[end + len(self.close) :]
+                self._in_call = False
+        return events
+
+    def finish(self) -> list[Event]:
+        events: list[Event] = []
+        if self._in_call:  # cut off, or the model forgot the closing marker
+            self._block(self._buf, closed=False, events=events)
+        else:
+            self._content(self._buf, events)
+        self._buf = ""
+        if self._held_ws and not self.tool_calls:
+            self._emit(self._held_ws, events)
+        self._held_ws = ""
+        return events
+
+    def _block(self, body: str, closed: bool, events: list[Event]) -> None:
+        calls = self.parse_block(body)
+        if calls is None:
+            self.failures += 1
+            self._content(self.open + body + (self.close if closed else ""), events)
+            return
+        for name, arguments in calls:
+            call = ToolCall(new_call_id(), name, arguments)
+            events.append(ToolCallEvent(len(self.tool_calls), call))
+            self.tool_calls.append(call)
+
+    def _content(self, text: str, events: list[Event]) -> None:
+        """Trailing whitespace waits: it may be the gap before a tool call (dropped)."""
+        if not text:
+            return
+        text = self._held_ws + text
+        body = text.rstrip()
+        self._held_ws = text[len(body) :]
+        if body:
+            self._emit(body, events)
+
+    def _emit(self, text: str, events: list[Event]) -> None:
+        self.content_parts.append(text)
+        events.append(ContentEvent(text))
+
+
 TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool parser")
-# (name, does this chat template use the format?) in the order they are tried
-_DETECTORS: list[tuple[str, Callable[[str], bool]]] = []
+# (generic?, name, does this chat template use the format?)
+_DETECTORS: list[tuple[bool, str, Callable[[str], bool]]] = []
 
 
 def register_tool_parser(
-    name: str, detect: Callable[[str], bool] | None = None
+    name: str, detect: Callable[[str], bool] | None = None, *, generic: bool = False
 ) -> Callable[[type[ToolParser]], type[ToolParser]]:
+    """`generic`: its detector is tried after the others (Hermes' `<tool_call>` tags
+    also appear in Qwen3-Coder's templates)."""
     if detect is not None:
-        _DETECTORS.append((name, detect))
+        _DETECTORS.append((generic, name, detect))
     return TOOL_PARSERS.register(name)
 
 
 def detect_tool_parser(chat_template: Any, default: str = "hermes") -> str:
     """The parser for the format this template teaches the model (else `default`)."""
     if isinstance(chat_template, str):
-        for name, detect in _DETECTORS:
+        for _, name, detect in sorted(_DETECTORS, key=lambda d: d[0]):
             if detect(chat_template):
                 return name
     return default

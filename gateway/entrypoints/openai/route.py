@@ -9,7 +9,6 @@ retry detection, and errors keep the shapes FastAPI's own path gives (an unknown
 401 before a bad body is 400). The body's schema is still in the OpenAPI document.
 """
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from gateway import json_codec
 from gateway.serving.endpoint import RetryIdentity
 from gateway.serving.turn import request_hash
 
@@ -39,7 +39,7 @@ def openai_route(path: str, request_model: type[BaseModel], serving_cls: type) -
         retry = RetryIdentity(request_hash(raw), retry_count(request))
         reply = await state.serving(serving_cls).handle_request(body, caller.session, retry)
         if isinstance(reply, dict):  # plain JSON data: encode it once, no jsonable_encoder pass
-            return Response(_dumps(reply), media_type="application/json")
+            return Response(json_codec.dumps(reply), media_type="application/json")
         return reply
 
     return router
@@ -61,7 +61,3 @@ def retry_count(request: Request) -> int:
         return int(request.headers.get("x-stainless-retry-count", "0"))
     except ValueError:
         return 0
-
-
-def _dumps(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

@@ -5,13 +5,13 @@ Answers are plain dicts in the `openai` package's shapes, encoded once (see Chat
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from pydantic import Field, field_validator
 
-from gateway.chat.tool_parsers import ContentEvent, Event
+from gateway import json_codec
+from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent
 from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.inference.base import TopLogprobs
 from gateway.serving.endpoint import Answer
@@ -135,6 +135,8 @@ class ChunkWriter:
         for event in events:
             if isinstance(event, ContentEvent):
                 frames.append(self._frame(index, {"content": event.text}))
+            elif isinstance(event, ReasoningEvent):  # vLLM's and DeepSeek's field name
+                frames.append(self._frame(index, {"reasoning_content": event.text}))
             else:
                 call = event.call
                 head = {
@@ -208,9 +210,7 @@ class ChunkWriter:
 
 def sse_data(data: dict[str, Any]) -> bytes:
     """One SSE `data:` frame of compact JSON."""
-    return (
-        b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-    )
+    return b"data: " + json_codec.dumps(data) + b"\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -224,6 +224,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def message_dict(message: dict[str, Any]) -> dict[str, Any]:
     """The assistant message as the API returns it (tool calls as function calls)."""
     out: dict[str, Any] = {"content": message.get("content"), "role": "assistant"}
+    if message.get("reasoning_content") is not None:
+        out["reasoning_content"] = message["reasoning_content"]
     if message.get("tool_calls"):
         out["tool_calls"] = [
             {

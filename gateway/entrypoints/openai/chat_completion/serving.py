@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.chat.linking import candidate_parent_hashes, conversation_hash
-from gateway.chat.tool_parsers import ContentEvent, Event, ToolCall, ToolCallEvent, ToolParser
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.tool_parsers import (
+    ContentEvent,
+    Event,
+    ReasoningEvent,
+    ToolCall,
+    ToolCallEvent,
+)
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
@@ -25,7 +32,7 @@ from gateway.store.repository import SessionInfo
 
 
 class ChatChoice(Choice):
-    def __init__(self, index: int, p: Prepared, parser: ToolParser | None) -> None:
+    def __init__(self, index: int, p: Prepared, parser: OutputParser | None) -> None:
         super().__init__(index, parser, p.stream)
         self.writer: ChunkWriter | None = p.context.get("writer")
 
@@ -63,10 +70,11 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         tools = None if req.tool_choice == "none" else req.tools
-        parent = self.core.find_parent(session.id, candidate_parent_hashes(req.messages, req.tools))
+        link = self.core.find_parent(session.id, candidate_parent_hashes(req.messages, req.tools))
+        history = self.core.history_of(session)
         prompt = self.core.render(
             req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",
-            parent=parent,
+            link=link, history=history,
         )  # fmt: skip
         turn = self.turn(
             req,
@@ -77,8 +85,9 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             max_tokens=req.max_completion_tokens or req.max_tokens,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stops=req.stop_strings(),
-            parent=parent,
-            prompt_text=prompt.text,
+            parent=link.parent if link else None,
+            prompt=prompt,
+            history=history,
         )
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
         if req.stream:
@@ -86,7 +95,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         return p
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        parser = self.core.tool_parser() if p.req.may_call_tools() else None
+        parser = self.core.output_parser(turn.prompt_text, p.req.may_call_tools())
         return ChatChoice(index, p, parser)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
@@ -96,6 +105,8 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             message: dict[str, Any] = {"role": "assistant", "content": out.text}
         else:
             message = {"role": "assistant", "content": parser.content}
+            if parser.reasoning is not None:
+                message["reasoning_content"] = parser.reasoning
             if parser.tool_calls:
                 message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
                 finish = "tool_calls" if finish == "stop" else finish
@@ -119,6 +130,8 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         frames: list[bytes] = []
         for a in answers:
             events: list[Event] = []
+            if a.message and a.message.get("reasoning_content"):
+                events.append(ReasoningEvent(a.message["reasoning_content"]))
             if a.message and a.message.get("content"):
                 events.append(ContentEvent(a.message["content"]))
             for i, tc in enumerate((a.message or {}).get("tool_calls") or []):

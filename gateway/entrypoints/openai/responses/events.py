@@ -22,12 +22,20 @@ from openai.types.responses import (
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
 )
 
-from gateway.chat.tool_parsers import ContentEvent, Event, ToolCall
-from gateway.entrypoints.openai.responses.protocol import call_item, dump, message_item, text_part
+from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent, ToolCall
+from gateway.entrypoints.openai.responses.protocol import (
+    call_item,
+    dump,
+    message_item,
+    reasoning_item,
+    text_part,
+)
 from gateway.errors import APIError
 from gateway.sse import sse_event
 
@@ -41,6 +49,8 @@ EVENTS: dict[str, Any] = {
     "response.content_part.done": ResponseContentPartDoneEvent,
     "response.output_text.delta": ResponseTextDeltaEvent,
     "response.output_text.done": ResponseTextDoneEvent,
+    "response.reasoning_text.delta": ResponseReasoningTextDeltaEvent,
+    "response.reasoning_text.done": ResponseReasoningTextDoneEvent,
     "response.function_call_arguments.delta": ResponseFunctionCallArgumentsDeltaEvent,
     "response.function_call_arguments.done": ResponseFunctionCallArgumentsDoneEvent,
     "response.completed": ResponseCompletedEvent,
@@ -52,8 +62,9 @@ EVENTS: dict[str, Any] = {
 class EventWriter:
     """The SSE frames of one streamed response, numbered by `sequence_number`.
 
-    Output items are opened and closed as parsed events come: text opens (or continues)
-    a message item, a tool call closes it and adds a complete function_call item.
+    Output items are opened and closed as parsed events come: reasoning opens (or
+    continues) a reasoning item, text a message item; either closes the other, and a
+    tool call closes both and adds a complete function_call item.
     """
 
     def __init__(self, emit: bool = True) -> None:
@@ -62,11 +73,13 @@ class EventWriter:
         self.items: list[Any] = []  # finished output items
         self._msg_id: str | None = None
         self._text: list[str] = []
+        self._rs_id: str | None = None
+        self._reasoning: list[str] = []
 
     @property
     def open(self) -> bool:
-        """Is a message item open (text may still come)?"""
-        return self._msg_id is not None
+        """Is an item open (text may still come)?"""
+        return self._msg_id is not None or self._rs_id is not None
 
     def _frame(self, type: str, **fields: Any) -> bytes:
         if not self.emit:
@@ -94,12 +107,44 @@ class EventWriter:
         for event in events:
             if isinstance(event, ContentEvent):
                 frames += self.text(event.text)
+            elif isinstance(event, ReasoningEvent):
+                frames += self.reasoning(event.text)
             else:
                 frames += self.call(event.call)
         return frames
 
+    def reasoning(self, text: str) -> list[bytes]:
+        frames = self._close_message()
+        if self._rs_id is None:
+            self._rs_id = f"rs_{uuid.uuid4().hex}"
+            self._reasoning = []
+            frames.append(self._item("added", reasoning_item("", self._rs_id, done=False)))
+        if text:
+            self._reasoning.append(text)
+            frames.append(
+                self._in_item(
+                    "response.reasoning_text.delta", self._rs_id, content_index=0, delta=text
+                )
+            )
+        return frames
+
+    def _close_reasoning(self) -> list[bytes]:
+        if self._rs_id is None:
+            return []
+        text, item_id = "".join(self._reasoning), self._rs_id
+        item = reasoning_item(text, item_id)
+        frames = [
+            self._in_item("response.reasoning_text.done", item_id, content_index=0, text=text),
+            self._item("done", item),
+        ]
+        self.items.append(item)
+        self._rs_id = None
+        return frames
+
     def text(self, text: str) -> list[bytes]:
-        frames = [] if self._msg_id is not None else self._open_message()
+        frames = self._close_reasoning()
+        if self._msg_id is None:
+            frames += self._open_message()
         if text:
             self._text.append(text)
             frames.append(
@@ -124,7 +169,10 @@ class EventWriter:
         ]
 
     def close(self) -> list[bytes]:
-        """Close the open message item, if any."""
+        """Close the open item, if any."""
+        return self._close_reasoning() + self._close_message()
+
+    def _close_message(self) -> list[bytes]:
         if self._msg_id is None:
             return []
         text, item_id = "".join(self._text), self._msg_id

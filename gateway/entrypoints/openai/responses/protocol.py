@@ -19,10 +19,12 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputText,
+    ResponseReasoningItem,
     ResponseUsage,
     ToolChoiceFunction,
 )
 from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_reasoning_item import Content as ReasoningText
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import Field, field_validator
 
@@ -69,6 +71,7 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
+    reasoning: str | None = None  # a reasoning item's text, for the assistant turn it led to
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise _bad_input(i, "an input item must be an object")
@@ -78,6 +81,8 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
             if role not in _MESSAGE_ROLES:
                 raise _bad_input(i, f"role must be user/system/developer/assistant, got {role!r}")
             messages.append({"role": role, "content": text_of(item.get("content"))})
+            if role == "assistant" and reasoning is not None:
+                messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),
@@ -89,6 +94,8 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning is not None:
+                    messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
             output = item.get("output")
             if not isinstance(output, str):
@@ -96,7 +103,10 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
             messages.append(
                 {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
             )
-        elif kind in ("reasoning", "item_reference"):
+        elif kind == "reasoning":  # goes with the assistant turn that follows it
+            parts = (item.get("content") or []) + (item.get("summary") or [])
+            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+        elif kind == "item_reference":
             continue  # nothing the model's template can show
         else:
             raise _bad_input(i, f"input items of type {kind!r} are not supported")
@@ -142,6 +152,19 @@ def message_item(text: str, item_id: str | None = None, done: bool = True) -> Re
         role="assistant",
         status="completed" if done else "in_progress",
         content=[text_part(text)] if done else [],
+    )
+
+
+def reasoning_item(
+    text: str, item_id: str | None = None, done: bool = True
+) -> ResponseReasoningItem:
+    content = [ReasoningText.model_construct(type="reasoning_text", text=text)] if done else []
+    return ResponseReasoningItem.model_construct(
+        id=item_id or f"rs_{uuid.uuid4().hex}",
+        type="reasoning",
+        summary=[],
+        content=content,
+        status="completed" if done else "in_progress",
     )
 
 

@@ -18,10 +18,16 @@ import uuid
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
-from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
+from openai.types.responses import (
+    Response,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseReasoningItem,
+)
 
 from gateway.chat.linking import candidate_parent_hashes, conversation_hash
-from gateway.chat.tool_parsers import Event, ToolCall, ToolParser, content_events
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.tool_parsers import Event, ToolCall, content_events
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.responses.events import EventWriter
 from gateway.entrypoints.openai.responses.protocol import (
@@ -44,7 +50,7 @@ def new_response_id() -> str:
 class ResponseChoice(Choice):
     """The one choice of a response; its writer keeps the output items (and their ids)."""
 
-    def __init__(self, p: Prepared, parser: ToolParser | None) -> None:
+    def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
         super().__init__(0, parser, p.stream)
         self.ctx: ResponseContext = p.context["shape"]
         self.writer: EventWriter = p.context["writer"]
@@ -93,14 +99,16 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        parent = self.core.find_parent(session.id, candidate_parent_hashes(messages, tools))
+        link = self.core.find_parent(session.id, candidate_parent_hashes(messages, tools))
+        history = self.core.history_of(session)
         prompt = self.core.render(
             messages,
             None if req.tool_choice == "none" else tools,
             req.tool_choice,
             param="input",
             code="invalid_input",
-            parent=parent,
+            link=link,
+            history=history,
         )
         request = req.model_dump(exclude_none=True)
         if req.previous_response_id is not None:
@@ -112,10 +120,11 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             [new_response_id()],
             body_hash,
             max_tokens=req.max_output_tokens,
-            parent=parent,
+            parent=link.parent if link else None,
             request=request,
             param="input",
-            prompt_text=prompt.text,
+            prompt=prompt,
+            history=history,
         )
         params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
@@ -143,8 +152,8 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         return [*previous, *(response.get("output") or [])]
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        may_call = p.context["tools"] and p.req.tool_choice != "none"
-        return ResponseChoice(p, self.core.tool_parser() if may_call else None)
+        may_call = bool(p.context["tools"]) and p.req.tool_choice != "none"
+        return ResponseChoice(p, self.core.output_parser(turn.prompt_text, may_call))
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, ResponseChoice)
@@ -155,6 +164,8 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         tokens = (len(turn.prompt_ids), len(out.output_ids))
         choice.response = choice.ctx.response(status, list(choice.writer.items), tokens)
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if parser is not None and parser.reasoning is not None:
+            message["reasoning_content"] = parser.reasoning
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
         answer_hash = conversation_hash([*p.context["messages"], message], p.context["tools"])
@@ -179,6 +190,9 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             if isinstance(item, ResponseOutputMessage):
                 text = "".join(getattr(part, "text", "") for part in item.content)
                 frames += writer.text(text) + writer.close()
+            elif isinstance(item, ResponseReasoningItem):
+                text = "".join(part.text for part in item.content or [])
+                frames += writer.reasoning(text) + writer.close()
             elif isinstance(item, ResponseFunctionToolCall):
                 frames += writer.call(ToolCall(item.call_id, item.name, item.arguments), item.id)
         frames.append(writer.finish(response))

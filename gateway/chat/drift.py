@@ -1,0 +1,58 @@
+"""Token drift: where a turn's prompt stops continuing its parent's prompt + output, and why.
+
+The prompt is what the model's template renders for the messages, and templates do
+not always render an earlier answer as the model wrote it: Qwen3's drops the `<think>`
+block of answers before the last user turn, a client re-serialises tool arguments,
+whitespace is trimmed. Then the next prompt no longer extends the last one and a
+multi-turn episode cannot be trained as one sequence. This names the first differing
+token and, when it can tell, the cause. Only computed when the tokens do differ.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gateway.chat.reasoning_parsers.think import THINK_CLOSE, THINK_OPEN
+
+_WS = re.compile(r"\s+")
+_THOUGHT = re.compile(re.escape(THINK_OPEN) + "(.*?)" + re.escape(THINK_CLOSE), re.DOTALL)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where `b` does not continue `a` (None: it does)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(b) >= len(a) else len(b)
+
+
+def drift(
+    parent_prompt: list[int],
+    parent_output: list[int],
+    prompt: list[int],
+    decode: Callable[[list[int]], str],
+    has_tool_calls: bool,
+) -> dict[str, Any] | None:
+    """{"at": first differing token index, "cause": ...} or None when the tokens continue.
+
+    cause: `reasoning_dropped` (the parent's reasoning is not in the new prompt),
+    `whitespace` (the texts differ only in whitespace), `tool_arguments` (the answer
+    was a tool call, written back differently), or None (not known).
+    """
+    before = parent_prompt + parent_output
+    at = first_difference(before, prompt)
+    if at is None:
+        return None
+    start = max(0, at - 2)  # from just before: a think block may open at `at - 1`
+    old_text, new_text = decode(before[start:]), decode(prompt[start:])
+    cause = None
+    if any(t.strip() and t not in new_text for t in _THOUGHT.findall(old_text)):
+        cause = "reasoning_dropped"
+    else:
+        if _WS.sub("", new_text).startswith(_WS.sub("", old_text)):
+            cause = "whitespace"
+        elif has_tool_calls and at >= len(parent_prompt):
+            cause = "tool_arguments"
+    return {"at": at, "cause": cause}

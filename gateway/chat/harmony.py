@@ -1,0 +1,200 @@
+"""gpt-oss prompts in the harmony format, rendered by OpenAI's own `openai-harmony`.
+
+gpt-oss was trained on harmony: system and developer messages, then `<|start|>ROLE
+[to=RECIPIENT]<|channel|>CHANNEL<|message|>...<|end|>` messages, reasoning in the
+`analysis` channel, tool calls in `commentary` addressed `to=functions.NAME`, the answer
+in `final`. `openai-harmony` is the reference renderer, so the gateway uses it rather
+than a template of its own (`--chat-template harmony`, or chosen when a tokenizer that
+has harmony's tokens comes with no chat template).
+
+Offline: `openai-harmony` downloads the o200k_base vocabulary on first use unless
+`TIKTOKEN_ENCODINGS_BASE` names a folder holding `o200k_base.tiktoken`. That file is
+the gpt-oss tokenizer's own byte-level BPE vocabulary written out in tiktoken's
+format; the gateway writes it from the tokenizer it already loaded (into
+$TURNSTILE_CACHE/harmony) and checks it against the sha256 that openai-harmony pins,
+so nothing is fetched at run time.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gateway.inference.model_source import cache_root
+
+ENCODING_FILE = "o200k_base.tiktoken"
+# what openai-harmony 0.0.8 expects of that file (the published o200k_base)
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>")
+
+
+def is_harmony_tokenizer(tokenizer: Any) -> bool:
+    vocab = tokenizer.get_vocab()
+    return all(t in vocab for t in HARMONY_TOKENS)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character a BPE vocab shows -> byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    bs += range(ord("®"), ord("ÿ") + 1)
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def tiktoken_vocabulary(tokenizer: Any) -> bytes:
+    """The tokenizer's BPE ranks in tiktoken's file format (`base64(bytes) rank` lines)."""
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    decode = _byte_decoder()
+    ranked = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    return b"".join(
+        base64.b64encode(bytes(decode[c] for c in token)) + b" %d\n" % rank
+        for token, rank in ranked
+    )
+
+
+def encodings_dir(tokenizer: Any) -> Path:
+    """A folder holding o200k_base.tiktoken, written from `tokenizer` if missing."""
+    folder = cache_root() / "harmony"
+    path = folder / ENCODING_FILE
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == O200K_SHA256:
+        return folder
+    data = tiktoken_vocabulary(tokenizer)
+    if hashlib.sha256(data).hexdigest() != O200K_SHA256:
+        raise ValueError("this tokenizer's vocabulary is not gpt-oss's o200k: no harmony")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return folder
+
+
+_ENCODING: Any = None
+
+
+def harmony_encoding(tokenizer: Any) -> Any:
+    """openai-harmony's gpt-oss encoding, loaded from the local vocabulary (once)."""
+    global _ENCODING
+    if _ENCODING is None:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(encodings_dir(tokenizer)))
+        _ENCODING = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    return _ENCODING
+
+
+class HarmonyTemplate:
+    """OpenAI chat messages (as template.py normalises them) -> a harmony prompt's text.
+
+    System (and developer) messages become the developer message's instructions, next
+    to the function tools; an assistant turn becomes its `analysis` message (from
+    `reasoning_content`), then its calls (`commentary`, `to=functions.NAME`) or its
+    `final` answer; a tool result is a message from `functions.NAME` (the name of the
+    call it answers). Harmony's own rule drops the analysis of turns that reached a
+    final answer.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.encoding = harmony_encoding(tokenizer)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        from openai_harmony import Conversation, Role
+
+        ids = self.encoding.render_conversation_for_completion(
+            Conversation.from_messages(self.messages(messages, tools)), Role.ASSISTANT
+        )
+        return self.encoding.decode_utf8(ids)
+
+    def messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[Any]:
+        from openai_harmony import (
+            Author,
+            DeveloperContent,
+            Message,
+            Role,
+            SystemContent,
+            ToolDescription,
+        )
+
+        instructions = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        developer = DeveloperContent.new()
+        if instructions:
+            developer = developer.with_instructions(instructions)
+        if tools:
+            developer = developer.with_function_tools(
+                [
+                    ToolDescription.new(
+                        fn["name"], fn.get("description", ""), parameters=fn.get("parameters")
+                    )
+                    for fn in (t.get("function", t) for t in tools)
+                ]
+            )
+        out = [Message.from_role_and_content(Role.SYSTEM, SystemContent.new())]
+        if instructions or tools:
+            out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+        names = {}  # tool call id -> function name
+        for m in messages:
+            role = m["role"]
+            if role == "user":
+                out.append(Message.from_role_and_content(Role.USER, m["content"]))
+            elif role == "assistant":
+                if m.get("reasoning_content"):
+                    out.append(
+                        Message.from_role_and_content(
+                            Role.ASSISTANT, m["reasoning_content"]
+                        ).with_channel("analysis")
+                    )
+                for tc in m.get("tool_calls") or []:
+                    fn = tc["function"]
+                    names[tc.get("id")] = fn["name"]
+                    args = fn["arguments"]
+                    text = args if isinstance(args, str) else json.dumps(args)
+                    out.append(
+                        Message.from_role_and_content(Role.ASSISTANT, text)
+                        .with_channel("commentary")
+                        .with_recipient(f"functions.{fn['name']}")
+                        .with_content_type("<|constrain|>json")
+                    )
+                if m.get("content") or not m.get("tool_calls"):
+                    out.append(
+                        Message.from_role_and_content(
+                            Role.ASSISTANT, m.get("content") or ""
+                        ).with_channel("final")
+                    )
+            elif role == "tool":
+                name = names.get(m.get("tool_call_id")) or m.get("name") or "unknown"
+                out.append(
+                    Message.from_author_and_content(
+                        Author.new(Role.TOOL, f"functions.{name}"), m["content"]
+                    )
+                    .with_channel("commentary")
+                    .with_recipient("assistant")
+                )
+        return out
+
+
+def name_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool results with the `name` of the call they answer, so that a result renders
+    the same when the assistant message that made the call is not at hand."""
+    names = {
+        tc.get("id"): (tc.get("function") or {}).get("name")
+        for m in messages
+        if m.get("role") == "assistant"
+        for tc in m.get("tool_calls") or []
+    }
+    return [
+        {**m, "name": names[m.get("tool_call_id")]}
+        if m.get("role") == "tool" and not m.get("name") and names.get(m.get("tool_call_id"))
+        else m
+        for m in messages
+    ]

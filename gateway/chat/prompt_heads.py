@@ -1,0 +1,69 @@
+"""Encoding a prompt whose beginning many sessions share (a long system prompt).
+
+Incremental prompts (template.py) spare a session's later turns from re-encoding its
+history; this spares its first turn from re-encoding what other sessions already sent.
+A prompt's *head* is its text up to the end of the first special token past
+`min_chars` characters: with a long system prompt, that is the system block. Once a
+head has been seen twice, its ids are computed on their own and kept, but only if the
+head's ids followed by the rest's ids equal the ids of the whole text (checked once, on
+real text, for this tokenizer); after that a prompt with that head costs one digest and
+the encoding of the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+
+from gateway.lru import LRU
+
+
+class HeadCache:
+    def __init__(
+        self,
+        encode: Callable[[str], list[int]],
+        special_tokens: list[str],
+        *,
+        min_chars: int = 512,
+        size: int = 256,
+    ) -> None:
+        self._encode = encode
+        alternatives = "|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True))
+        self._special = re.compile(alternatives) if alternatives else None
+        self.min_chars = min_chars
+        self._ids: LRU[bytes, list[int]] = LRU(size)  # head digest -> the head's ids
+        # heads seen before: True once, False when their ids proved not to split off
+        self._seen: LRU[bytes, bool] = LRU(size * 16)
+        self.hits = 0
+        self.refused = 0  # heads whose ids do not split off the whole's: never cached
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text`, as one encode of it would give."""
+        cut = self._head_end(text)
+        if cut is None:
+            return self._encode(text)
+        key = hashlib.blake2b(text[:cut].encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        ids = self._ids.get(key)
+        if ids is not None:
+            self.hits += 1
+            return ids + self._encode(text[cut:])
+        whole = self._encode(text)
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen.put(key, True)
+        elif seen:
+            head = self._encode(text[:cut])
+            if whole[: len(head)] == head and whole[len(head) :] == self._encode(text[cut:]):
+                self._ids.put(key, head)
+                self._seen.pop(key)
+            else:
+                self.refused += 1
+                self._seen.put(key, False)
+        return whole
+
+    def _head_end(self, text: str) -> int | None:
+        if self._special is None or len(text) <= self.min_chars:
+            return None
+        m = self._special.search(text, self.min_chars)
+        return m.end() if m is not None and m.end() < len(text) else None

@@ -1,0 +1,95 @@
+"""`<think>...</think>` reasoning (Qwen3, DeepSeek-R1 and the models distilled from it).
+
+`qwen3`: the answer may open the block itself, or start inside it when the template
+ended the prompt with `<think>`; an answer with no block is all content. `deepseek_r1`
+(vLLM's name): the answer always starts inside the block (R1 often omits the opening
+tag), so an answer with no `</think>` is all reasoning. Either way, a block that never
+closes (cut off) is all reasoning. Newlines around the reasoning
+and at the start of the answer are the template's framing, not text: Qwen3's template
+writes `<think>\n` + reasoning + `\n</think>\n\n` + content back.
+"""
+
+from __future__ import annotations
+
+from gateway.chat.detokenize import partial_suffix_len
+from gateway.chat.reasoning_parsers.base import ReasoningParser, register_reasoning_parser
+from gateway.chat.tool_parsers.base import Event
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+# where the parser is in the answer
+_START, _REASONING, _CONTENT = "start", "reasoning", "content"
+
+
+@register_reasoning_parser("qwen3", detect=lambda template: THINK_CLOSE in template)
+class ThinkReasoningParser(ReasoningParser):
+    starts_inside = False  # True: even when the prompt did not open the block
+
+    def __init__(self, prompt_text: str = "") -> None:
+        super().__init__(prompt_text)
+        inside = self.starts_inside or prompt_text.rstrip().endswith(THINK_OPEN)
+        self._state = _REASONING if inside else _START
+        self._buf = ""
+        self._held_nl = ""  # newlines that may be the last of the reasoning (dropped)
+        self._lead = True  # at the start of the reasoning or the content: skip newlines
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        events: list[Event] = []
+        while self._buf:
+            if self._state == _START:
+                head = self._buf.lstrip()
+                if THINK_OPEN.startswith(head):
+                    break  # could still become `<think>`
+                if head.startswith(THINK_OPEN):
+                    self._buf = head[len(THINK_OPEN) :]
+                    self._state = _REASONING
+                else:
+                    self._state, self._lead = _CONTENT, False
+            elif self._state == _REASONING:
+                if self._lead and self._buf.lstrip().startswith(THINK_OPEN):
+                    self._buf = self._buf.lstrip()[len(THINK_OPEN) :]  # opened twice
+                    continue
+                if self._lead and THINK_OPEN.startswith(self._buf.lstrip()):
+                    break  # may be an opening tag the prompt already wrote
+                end = self._buf.find(THINK_CLOSE)
+                if end < 0:
+                    ready = len(self._buf) - partial_suffix_len(self._buf, (THINK_CLOSE,))
+                    events += self._reasoning_text(self._buf[:ready])
+                    self._buf = self._buf[ready:]
+                    break
+                events += self._reasoning_text(self._buf[:end])
+                self._buf = self._buf[end + len(THINK_CLOSE) :]
+                self._state, self._held_nl, self._lead = _CONTENT, "", True
+            else:
+                events += self._content_text(self._buf)
+                self._buf = ""
+        return events
+
+    def finish(self) -> list[Event]:
+        text, self._buf = self._buf, ""
+        if self._state == _REASONING:
+            return self._reasoning_text(text)
+        self._lead = self._lead and self._state == _CONTENT
+        return self._content_text(text)
+
+    def _reasoning_text(self, text: str) -> list[Event]:
+        if self._lead:
+            text = text.lstrip("\n")
+            self._lead = not text
+        text = self._held_nl + text
+        body = text.rstrip("\n")
+        self._held_nl = text[len(body) :]
+        return self._reason(body)
+
+    def _content_text(self, text: str) -> list[Event]:
+        if self._lead:
+            text = text.lstrip("\n")
+            self._lead = not text
+        return self._say(text)
+
+
+@register_reasoning_parser("deepseek_r1")
+class DeepSeekR1ReasoningParser(ThinkReasoningParser):
+    starts_inside = True

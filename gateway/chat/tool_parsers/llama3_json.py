@@ -1,0 +1,93 @@
+"""Llama 3.1 JSON tool calls: the whole answer is `{"name": ..., "parameters": {...}}`.
+
+The answer may start with `<|python_tag|>` (Llama 3.1's tokenizer has it as one token;
+the Llama 3 tokenizer of the npm package writes it as text). Parallel calls are JSON
+objects one after another, separated by `;` or whitespace. An answer that starts with
+anything else is plain content and streams as such; one that starts like a call is
+held until it ends, then parsed (and returned as content, counted, if it is not valid).
+"""
+
+from __future__ import annotations
+
+import json
+
+from gateway.chat.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ToolCall,
+    ToolCallEvent,
+    ToolParser,
+    arguments_json,
+    new_call_id,
+    register_tool_parser,
+)
+
+PYTHON_TAG = "<|python_tag|>"
+_DECODER = json.JSONDecoder()
+
+
+def parse_calls(text: str) -> list[tuple[str, str]] | None:
+    """(name, arguments JSON) of each call object in `text`; None if any is not valid."""
+    text = text.strip().removeprefix(PYTHON_TAG)
+    calls, pos = [], 0
+    while True:
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+            pos += 1
+        if pos == len(text):
+            return calls or None
+        try:
+            item, pos = _DECODER.raw_decode(text, pos)
+        except ValueError:
+            return None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        arguments = arguments_json(item.get("parameters", item.get("arguments")))
+        if arguments is None:
+            return None
+        calls.append((item["name"], arguments))
+
+
+@register_tool_parser(
+    "llama3_json",
+    detect=lambda template: PYTHON_TAG in template or "Environment: ipython" in template,
+)
+class Llama3JsonToolParser(ToolParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self._buf = ""
+        self._mode: str | None = None  # None: undecided; "content" or "calls"
+
+    def feed(self, text: str) -> list[Event]:
+        if self._mode == "content":
+            return self._emit(text)
+        self._buf += text
+        head = self._buf.lstrip()
+        if not head or (self._mode is None and PYTHON_TAG.startswith(head)):
+            return []  # could still become a call
+        if self._mode is None:
+            self._mode = "calls" if head.startswith(("{", PYTHON_TAG)) else "content"
+        if self._mode == "content":
+            text, self._buf = self._buf, ""
+            return self._emit(text)
+        return []
+
+    def finish(self) -> list[Event]:
+        text, self._buf = self._buf, ""
+        if self._mode != "calls":
+            return self._emit(text)
+        calls = parse_calls(text)
+        if calls is None:
+            self.failures += 1
+            return self._emit(text)
+        events: list[Event] = []
+        for name, arguments in calls:
+            call = ToolCall(new_call_id(), name, arguments)
+            events.append(ToolCallEvent(len(self.tool_calls), call))
+            self.tool_calls.append(call)
+        return events
+
+    def _emit(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self.content_parts.append(text)
+        return [ContentEvent(text)]
