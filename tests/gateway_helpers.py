@@ -12,6 +12,27 @@ from gateway.server import BackgroundGateway
 ADMIN_KEY = "admin-test"
 FAKE_REPLY = "The answer is 4."
 HTTP_TIMEOUT = 120.0
+# the tools the tool-calling tests offer: one with a required argument, one with none
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time now.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 def admin_headers() -> dict[str, str]:

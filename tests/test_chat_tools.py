@@ -8,27 +8,11 @@ import re
 import httpx
 import openai
 import pytest
-from gateway_helpers import bearer, completion_record, openai_client, read_session
+from gateway_helpers import TIME, WEATHER, bearer, completion_record, openai_client, read_session
 
 from gateway.chat.tool_parsers import ContentEvent, ToolCallEvent
 from gateway.chat.tool_parsers.hermes import HermesToolParser as ToolCallParser
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
-}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

@@ -78,11 +78,18 @@ def _config(run_dir: Path, model: Path, **extra) -> dict:  # type: ignore[no-unt
 
 
 def _eval_sessions(db: Path) -> list[tuple[str, str]]:
+    """(session metadata, request) of every evaluation completion, the requests read back
+    whole (a later turn is stored as a delta on its parent)."""
+    from gateway.store.database import open_database
+    from gateway.store.repository import Repository
+
     with sqlite3.connect(db) as conn:
-        return conn.execute(
-            "SELECT s.metadata, c.request FROM sessions s JOIN completions c "
-            "ON c.session_id = s.id WHERE s.sampling IS NOT NULL"
-        ).fetchall()
+        sessions = conn.execute("SELECT id, metadata FROM sessions WHERE sampling IS NOT NULL")
+        sessions = sessions.fetchall()
+    repo = Repository(open_database(db))
+    return [
+        (meta, json.dumps(c["request"])) for sid, meta in sessions for c in repo.completions(sid)
+    ]
 
 
 def test_training_evaluates_before_during_and_after_greedily(tmp_path, tiny_model) -> None:

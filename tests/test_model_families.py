@@ -18,6 +18,8 @@ import pytest
 from family_helpers import FAMILIES, Family, family_tokenizer
 from gateway_helpers import (
     ADMIN_KEY,
+    TIME,
+    WEATHER,
     admin_headers,
     bearer,
     completion_record,
@@ -33,26 +35,6 @@ from gateway.config import GatewayConfig
 from gateway.inference.fake import FakeEngine
 from gateway.server import BackgroundGateway
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The time now.",
-        "parameters": {"type": "object", "properties": {}},
-    },
-}
 TOOLS = [WEATHER, TIME]
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant."},
