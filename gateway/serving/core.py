@@ -273,8 +273,12 @@ class ServingCore:
         link: Link | None,
     ) -> Rendered:
         parent = link.parent if link is not None else None
-        prefix = self._prefixes.get(parent[0]) if parent is not None else None
-        on = (parent[1] + parent[2], prefix) if parent is not None and prefix else None
+        prefix = self._prefixes.get(parent.id) if parent is not None else None
+        on = (
+            (parent.prompt_ids + parent.output_ids, prefix)
+            if parent is not None and prefix
+            else None
+        )
         rendered = self.renderer.render(messages, tools, tool_choice, on)
         if on is not None:
             kind = "incremental" if rendered.incremental else "fallbacks"
@@ -284,7 +288,7 @@ class ServingCore:
     def drift(self, parent: Parent | None, prompt_ids: list[int]) -> dict[str, Any] | None:
         """Where (and why) this prompt stops continuing its parent's tokens, counted in
         /metrics; None when it continues them (or has no parent)."""
-        if parent is None or tokens_continue(parent[1], parent[2], prompt_ids):
+        if parent is None or tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids):
             return None
         tok = self.renderer.tokenizer
 
@@ -292,9 +296,11 @@ class ServingCore:
             return tok.decode(ids, skip_special_tokens=False)
 
         calls = make_tool_parser(self.tool_parser_name)
-        calls.feed(decode(parent[2]))
+        calls.feed(decode(parent.output_ids))
         calls.finish()
-        found = drift(parent[1], parent[2], prompt_ids, decode, bool(calls.tool_calls))
+        found = drift(
+            parent.prompt_ids, parent.output_ids, prompt_ids, decode, bool(calls.tool_calls)
+        )
         if found is not None:
             self.metrics.inc("turnstile_prompt_drift_total")
             self.metrics.inc(f"turnstile_prompt_drift_{found['cause'] or 'unknown'}_total")
