@@ -26,7 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
 from gateway.chat.drift import drift
-from gateway.chat.linking import answer_positions, tokens_continue
+from gateway.chat.linking import answer_positions
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
@@ -285,11 +285,9 @@ class ServingCore:
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
         return rendered
 
-    def drift(self, parent: Parent | None, prompt_ids: list[int]) -> dict[str, Any] | None:
-        """Where (and why) this prompt stops continuing its parent's tokens, counted in
-        /metrics; None when it continues them (or has no parent)."""
-        if parent is None or tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids):
-            return None
+    def drift(self, parent: Parent, prompt_ids: list[int]) -> dict[str, Any] | None:
+        """Where (and why) this prompt, which does not continue its parent's tokens,
+        leaves them; counted in /metrics."""
         tok = self.renderer.tokenizer
 
         def decode(ids: list[int]) -> str:

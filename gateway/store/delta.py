@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway import json_codec
 from gateway.store.codec import pack_ints, unpack_ints
 
 Request = dict[str, Any]
@@ -47,6 +48,27 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def same_items(old: list[Any], new: list[Any]) -> bool:
+    """`old` equals `new[:len(old)]` item by item, as `same` says.
+
+    A turn's messages repeat its parent's, so this runs over the whole history every
+    turn: their JSON bytes are compared first (in C), and `same` decides only where
+    the bytes cannot (`null` stands for both None and NaN in orjson's output)."""
+    if len(old) > len(new):
+        return False
+    head = new[: len(old)]
+    try:
+        a, b = json_codec.dumps(old), json_codec.dumps(head)
+    except TypeError:
+        a = b = None
+    if a is not None:
+        if a != b:
+            return False
+        if b"null" not in a:
+            return True
+    return all(map(same, old, head))
+
+
 def shared_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix (slice compares run in C; halving finds the
     first difference in O(n log n) element compares, no Python loop over tokens)."""
@@ -70,7 +92,7 @@ def request_delta(base: Request, request: Request) -> tuple[Request, bool]:
     for key, value in request.items():
         old = base.get(key, _MISSING)
         if isinstance(value, list) and isinstance(old, list) and len(old) <= len(value):
-            if all(map(same, old, value)):
+            if same_items(old, value):
                 if len(old) < len(value):
                     extend[key] = value[len(old) :]
                 continue
