@@ -85,6 +85,16 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def continued_length(parent: Full, prompt_ids: list[int]) -> int:
+    """How many leading `prompt_ids` are the parent's prompt then output ids (without
+    building their 30k-token concatenation for a long session's every turn)."""
+    head = parent.prompt_ids
+    n = shared_prefix(head, prompt_ids)
+    if n < len(head):
+        return n
+    return n + shared_prefix(parent.output_ids, prompt_ids[n:])
+
+
 def request_delta(base: Request, request: Request) -> tuple[Request, bool]:
     """The delta of `request` on `base`, and whether any list of `base` was continued."""
     extend: dict[str, list[Any]] = {}
@@ -125,7 +135,7 @@ def delta_columns(parent: Full | None, request: Request, prompt_ids: list[int]) 
     """
     if parent is not None:
         delta, continued = request_delta(parent.request, request)
-        shared = shared_prefix(parent.prompt_ids + parent.output_ids, prompt_ids)
+        shared = continued_length(parent, prompt_ids)
         if continued or shared:
             return {
                 "request": delta,
