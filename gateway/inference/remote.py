@@ -181,6 +181,7 @@ class RemoteEngine(InferenceEngine):
         stream: bool,
         seg: Segment,
         prompt_len: int,
+        params: SamplingParams,
     ) -> AsyncIterator[Tokens]:
         """Send one request; yield tokens as they come; leave the finish in `seg.finish`.
 
@@ -362,7 +363,7 @@ class RemoteEngine(InferenceEngine):
                 segment_version: int | None = None
                 try:
                     async for ids, lps, alts, weight_version in self._guarded(
-                        url, body, headers, stream, seg, len(prompt_ids)
+                        url, body, headers, stream, seg, len(prompt_ids), params
                     ):
                         if weight_version is not None:
                             v = weight_version
@@ -431,10 +432,11 @@ class RemoteEngine(InferenceEngine):
         stream: bool,
         seg: Segment,
         prompt_len: int,
+        params: SamplingParams,
     ) -> AsyncIterator[Tokens]:
         """`_segment` with HTTP failures turned into engine errors."""
         try:
-            async for item in self._segment(url, body, headers, stream, seg, prompt_len):
+            async for item in self._segment(url, body, headers, stream, seg, prompt_len, params):
                 yield item
         except ConnectFailed as exc:
             raise ServerUnreachable(self.label, url, exc) from exc

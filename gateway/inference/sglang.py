@@ -112,6 +112,7 @@ class SGLangEngine(RemoteEngine):
         stream: bool,
         seg: Segment,
         prompt_len: int,
+        params: SamplingParams,
     ) -> AsyncIterator[Tokens]:
         """Send one /generate; yield (ids, logprobs, top logprobs, weight version) as
         they come; leave the finish reason in `seg.finish`."""
