@@ -309,7 +309,7 @@ def test_training_pushes_two_versions_to_vllm_and_outputs_change(vllm, tmp_path)
     config = {
         "run_dir": str(tmp_path / "run"),
         "total_steps": 2,
-        "rollout": {"batch_size": 2, "group_size": 2},
+        "rollout": {"batch_size": 1, "group_size": 2},
         "gateway": {"engine": "vllm", "engine_urls": [vllm.url], "default_max_tokens": 6},
         "train": {"lr": 1e-3, "zero_stage": 0, "micro_batch_tokens": 1024},
         "workflow_kwargs": {"max_tokens": 6},
