@@ -37,7 +37,7 @@ tokenizers: setup
 demo: setup
 	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
 
-test: setup clients-setup tokenizers
+test: setup clients-setup vllm-setup tokenizers
 	$(VENV)/bin/pytest -q
 
 test-fast: setup tokenizers
@@ -52,3 +52,6 @@ clean:
 
 # one virtualenv per real client package (their pins conflict): `make clients-setup`
 include tests/clients/Makefile.inc
+
+# the venv of the real vLLM server the vLLM engine is tested against: `make vllm-setup`
+include tests/vllm/Makefile.inc
