@@ -110,11 +110,13 @@ def gateway_factory(
         )
         engine = FakeEngine(**engine_kwargs)
         config = GatewayConfig(
-            port=0,
-            database=new_database(),
-            admin_key=ADMIN_KEY,
-            engine="fake",
-            **(config or {}),
+            **{
+                "port": 0,
+                "database": new_database(),
+                "admin_key": ADMIN_KEY,
+                "engine": "fake",
+                **(config or {}),
+            }
         )
         gw = BackgroundGateway(config, engine=engine).start()
         started.append(gw)

@@ -32,7 +32,7 @@ from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
 from gateway.chat.tool_parsers import make_tool_parser
 from gateway.config import HISTORY_MODES, GatewayConfig
-from gateway.errors import APIError
+from gateway.errors import APIError, store_unavailable, store_unavailable_error
 from gateway.inference.base import (
     ContextLengthExceeded,
     EngineError,
@@ -480,6 +480,8 @@ class ServingCore:
             await asyncio.shield(self.recorder.record(record))
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
+            if exc.cause is not None and store_unavailable(exc.cause):
+                raise store_unavailable_error(exc.cause) from exc
             raise APIError(503, str(exc), code="record_failed") from exc
         parent = Parent(out.completion_id, turn.prompt_ids, out.output_ids, turn.request)
         self._recent.put((turn.session_id, answer_hash), parent)
