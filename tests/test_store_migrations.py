@@ -15,12 +15,18 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 
-from gateway.store.database import MIGRATIONS, database_url, migrate, open_database
+from gateway.store.database import (
+    MIGRATIONS,
+    database_url,
+    head_revision,
+    migrate,
+    open_database,
+)
 from gateway.store.schema import Base
 
 pytestmark = pytest.mark.both_stores
 
-HEAD = "0006"
+HEAD = head_revision()
 
 
 def _alembic(conn: sa.Connection) -> Config:

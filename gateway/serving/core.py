@@ -53,10 +53,13 @@ from gateway.serving.turn import (
     completion_record,
     text_delta,
 )
+from gateway.store.inflight import InflightMarks
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository, SessionInfo
 
 log = logging.getLogger(__name__)
+# how often a retry looks whether its original, generating on another replica, is done
+RETRY_POLL_S = 0.05
 
 
 class Admission:
@@ -78,14 +81,21 @@ class Admission:
 
 
 class Tracked:
-    """An in-flight request a retry can wait for."""
+    """An in-flight request a retry can wait for: in this process (a future) and, on a
+    shared store, on every replica (a mark in the store, `publish()`)."""
 
     def __init__(self, core: ServingCore, key: tuple[str, str] | None) -> None:
         self._core, self._key = core, key
         self.future: asyncio.Future[None] | None = None
+        self._mark: str | None = None
         if key is not None:
             self.future = asyncio.get_running_loop().create_future()
             core._inflight[key] = self.future
+
+    async def publish(self) -> None:
+        """Let other replicas' retries of this request wait for it (shared store only)."""
+        if self._key is not None and self._core.marks.shared:
+            self._mark = await run_in_threadpool(self._core.marks.mark, *self._key)
 
     def done(self) -> None:
         if self.future is None or self.future.done():
@@ -93,6 +103,8 @@ class Tracked:
         self.future.set_result(None)
         if self._core._inflight.get(self._key) is self.future:  # type: ignore[arg-type]
             del self._core._inflight[self._key]  # type: ignore[arg-type]
+        if self._mark is not None:  # after the records: a waiting retry then finds them
+            self._core.spawn(run_in_threadpool(self._core.marks.clear, self._mark))
 
     def __enter__(self) -> Tracked:
         return self
@@ -145,6 +157,9 @@ class ServingCore:
         # (session id, body hash) -> the original a retry waits for. Not an LRU: an entry
         # lives while its request generates, so `max_pending_requests` bounds them.
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # the same, across the replicas of a shared store (the mark outlives a dead one
+        # by at most the longest a request may take)
+        self.marks = InflightMarks(repo.engine, config.request_timeout_s + 5.0)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- before generating -----------------------------------------------------------
@@ -196,11 +211,22 @@ class ServingCore:
         turn.request = {**turn.request, **forced, "client_sampling": asked}
 
     def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
-        """The latest recorded answer whose (request + answer) hash is in `hashes`."""
+        """The latest recorded answer whose (request + answer) hash is in `hashes`
+        (longest prefix first).
+
+        A cached hit on the longest prefix is the answer. A hit further down is only an
+        ancestor this process served: a longer prefix may have been answered by another
+        replica of a shared store, so the store is asked about those first.
+        """
         for rank, h in enumerate(hashes):
             hit = self._recent.get((session_id, h))
             if hit is not None:
-                return Link(hit, rank)
+                if rank == 0:
+                    return Link(hit, 0)
+                return self._stored_parent(session_id, hashes[:rank]) or Link(hit, rank)
+        return self._stored_parent(session_id, hashes)
+
+    def _stored_parent(self, session_id: str, hashes: list[str]) -> Link | None:
         if not hashes:
             return None
         found = self.repo.find_parent(session_id, hashes)
@@ -335,6 +361,12 @@ class ServingCore:
         inflight = self._inflight.get((session_id, body_hash))
         if inflight is not None:
             await asyncio.shield(inflight)
+        elif self.marks.shared:  # the original may be generating on another replica
+            deadline = time.monotonic() + self.request_timeout_s
+            while time.monotonic() < deadline and await run_in_threadpool(
+                self.marks.pending, session_id, body_hash
+            ):
+                await asyncio.sleep(RETRY_POLL_S)
         rows = await run_in_threadpool(self.repo.request_rows, session_id, body_hash, n)
         if not rows or any(r["finish_reason"] == "abort" for r in rows):
             return None

@@ -57,6 +57,15 @@ def open_database(path_or_url: str | Path) -> Engine:
     return engine
 
 
+def head_revision() -> str:
+    """The newest migration's revision id: what `migrate` brings a store to."""
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return str(ScriptDirectory.from_config(cfg).get_current_head())
+
+
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Run Alembic migrations up to `revision` on this database.
 

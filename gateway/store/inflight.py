@@ -1,0 +1,55 @@
+"""Marks of requests still generating, shared by the replicas of one PostgreSQL store.
+
+A client retry is answered from the original's record (ServingCore.replay_of). Within
+one process the retry waits on the original's future; when a load balancer sends the
+retry to another replica, that replica finds the original's mark here and waits until
+it is gone (the original recorded, or failed) or has expired (its replica died). On
+SQLite, a single-process store, nothing is written.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sqlalchemy import Engine, delete, exists, insert, select
+
+from gateway.store.schema import InflightRow
+
+_T = InflightRow.__table__
+
+
+class InflightMarks:
+    def __init__(self, engine: Engine, ttl_s: float) -> None:
+        self.engine = engine
+        self.ttl_s = ttl_s  # longest a request may generate (then its mark is ignored)
+        self.shared = engine.dialect.name != "sqlite"
+
+    def mark(self, session_id: str, request_hash: str) -> str | None:
+        """Publish that this request is generating; its mark id (None: not shared)."""
+        if not self.shared:
+            return None
+        mark_id = uuid.uuid4().hex
+        row = dict(id=mark_id, session_id=session_id, request_hash=request_hash,
+                   expires_at=time.time() + self.ttl_s)  # fmt: skip
+        with self.engine.begin() as conn:
+            conn.execute(insert(InflightRow), [row])
+        return mark_id
+
+    def clear(self, mark_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(InflightRow).where(_T.c.id == mark_id))
+
+    def pending(self, session_id: str, request_hash: str) -> bool:
+        """Is a request with this body still generating on some replica?"""
+        if not self.shared:
+            return False
+        q = select(
+            exists().where(
+                _T.c.session_id == session_id,
+                _T.c.request_hash == request_hash,
+                _T.c.expires_at > time.time(),
+            )
+        )
+        with self.engine.connect() as conn:
+            return bool(conn.execute(q).scalar())
