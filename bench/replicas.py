@@ -24,6 +24,7 @@ from bench.procs import Child, Children, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RETRY_HEADER = "x-stainless-retry-count"  # what OpenAI SDKs send on a retry
+MAX_RETRIES = 30
 
 
 class Replicas:
@@ -109,6 +110,7 @@ class Outcome:
     retries_same_id: int = 0
     retries_other_id: list[tuple[str, str]] = field(default_factory=list)
     connection_errors: int = 0
+    refused_503: int = 0  # 503s with retry-after, each followed by a retry
     elapsed_s: float = 0.0
 
     @property
@@ -208,6 +210,41 @@ class Agents:
             messages.append(reply["choices"][0]["message"])
             parent = sent.completion_id
 
+    async def _post(
+        self,
+        http: aiohttp.ClientSession,
+        path: str,
+        body: dict[str, Any],
+        key: str,
+        avoid: int | None = None,
+        first_attempt: int = 0,
+    ) -> tuple[int, int, dict[str, Any], float]:
+        """POST to a random live replica, as a client behind a load balancer does: a
+        replica that is gone (connection refused or cut) or a 503 with `retry-after`
+        (honoured, as the OpenAI SDK does) means trying again, with the SDK's retry
+        header, on another replica. (status, replica, body, latency of the last try)."""
+        attempt, replica = first_attempt, self.pick(avoid=avoid)
+        while True:
+            began = time.monotonic()
+            headers = {"Authorization": f"Bearer {key}", RETRY_HEADER: str(attempt)}
+            try:
+                async with http.post(
+                    f"{self.replicas.urls[replica]}{path}", json=body, headers=headers
+                ) as r:
+                    data = await r.json()
+                    status, retry_after = r.status, r.headers.get("retry-after")
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                self.outcome.connection_errors += 1
+                attempt, replica = attempt + 1, self.pick(avoid=replica)
+                await asyncio.sleep(0.05)
+                continue
+            if status == 503 and retry_after is not None and attempt < MAX_RETRIES:
+                self.outcome.refused_503 += 1
+                await asyncio.sleep(float(retry_after))
+                attempt, replica = attempt + 1, self.pick(avoid=replica)
+                continue
+            return status, replica, data, time.monotonic() - began
+
     async def _send(
         self,
         http: aiohttp.ClientSession,
@@ -217,45 +254,23 @@ class Agents:
         body: dict[str, Any],
         parent: str | None,
     ) -> tuple[Sent, dict[str, Any] | None]:
-        attempt, replica = 0, self.pick()
-        while True:
-            began = time.monotonic()
-            headers = {"Authorization": f"Bearer {key}", RETRY_HEADER: str(attempt)}
-            try:
-                async with http.post(
-                    f"{self.replicas.urls[replica]}/chat/completions", json=body, headers=headers
-                ) as r:
-                    data = await r.json()
-                    status = r.status
-                    retry_after = r.headers.get("retry-after")
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
-                self.outcome.connection_errors += 1
-                attempt, replica = attempt + 1, self.pick(avoid=replica)
-                await asyncio.sleep(0.05)
-                continue
-            latency = time.monotonic() - began
-            if status == 503 and retry_after is not None and attempt < 20:
-                await asyncio.sleep(float(retry_after))  # what the OpenAI SDK does
-                attempt, replica = attempt + 1, self.pick(avoid=replica)
-                continue
-            sent = Sent(session_id, turn, replica, status, latency)
-            if status == 200:
-                sent.completion_id, sent.parent_id = data["id"], parent
-            else:
-                sent.code = data.get("error", {}).get("code")
-            self.outcome.sent.append(sent)
-            return sent, data if status == 200 else None
+        status, replica, data, latency = await self._post(http, "/chat/completions", body, key)
+        sent = Sent(session_id, turn, replica, status, latency)
+        if status == 200:
+            sent.completion_id, sent.parent_id = data["id"], parent
+        else:
+            sent.code = data.get("error", {}).get("code")
+        self.outcome.sent.append(sent)
+        return sent, data if status == 200 else None
 
     async def _retry(
         self, http: aiohttp.ClientSession, key: str, body: dict[str, Any], sent: Sent
     ) -> None:
-        replica = self.pick(avoid=sent.replica)
-        headers = {"Authorization": f"Bearer {key}", RETRY_HEADER: "1"}
-        async with http.post(
-            f"{self.replicas.urls[replica]}/chat/completions", json=body, headers=headers
-        ) as r:
-            data = await r.json()
-            assert r.status == 200, data
+        """The same request again, as a client retry, through another replica."""
+        status, _, data, _ = await self._post(
+            http, "/chat/completions", body, key, avoid=sent.replica, first_attempt=1
+        )
+        assert status == 200, data
         if data["id"] == sent.completion_id:
             self.outcome.retries_same_id += 1
         else:
@@ -265,17 +280,13 @@ class Agents:
         self, http: aiohttp.ClientSession, key: str, sent: Sent, value: float
     ) -> None:
         """The same upsert through two replicas at once: idempotent, whoever wins."""
+        body = {"completion_id": sent.completion_id, "reward": value}
 
-        async def post(replica: int) -> None:
-            async with http.post(
-                f"{self.replicas.urls[replica]}/rewards",
-                json={"completion_id": sent.completion_id, "reward": value},
-                headers={"Authorization": f"Bearer {key}"},
-            ) as r:
-                assert r.status == 200, await r.text()
+        async def post() -> None:
+            status, _, data, _ = await self._post(http, "/rewards", body, key, avoid=sent.replica)
+            assert status == 200, data
 
-        a = self.pick(avoid=sent.replica)
-        await asyncio.gather(post(a), post(self.pick(avoid=a)))
+        await asyncio.gather(post(), post())
 
 
 # ---- what the store holds --------------------------------------------------------------

@@ -59,7 +59,7 @@ from gateway.store.repository import Repository, SessionInfo
 
 log = logging.getLogger(__name__)
 # how often a retry looks whether its original, generating on another replica, is done
-RETRY_POLL_S = 0.05
+RETRY_POLL_S = 0.1
 
 
 class Admission:
@@ -88,6 +88,7 @@ class Tracked:
         self._core, self._key = core, key
         self.future: asyncio.Future[None] | None = None
         self._mark: str | None = None
+        self._renewing: asyncio.Task[None] | None = None
         if key is not None:
             self.future = asyncio.get_running_loop().create_future()
             core._inflight[key] = self.future
@@ -96,6 +97,17 @@ class Tracked:
         """Let other replicas' retries of this request wait for it (shared store only)."""
         if self._key is not None and self._core.marks.shared:
             self._mark = await run_in_threadpool(self._core.marks.mark, *self._key)
+            self._renewing = self._core.spawn(self._renew(self._mark))
+
+    async def _renew(self, mark: str) -> None:
+        """Keep the mark's lease while generating (a dead replica's lapses)."""
+        marks = self._core.marks
+        while True:
+            await asyncio.sleep(marks.lease_s / 3)
+            try:
+                await run_in_threadpool(marks.renew, mark)
+            except Exception as exc:  # the store is down: the record will say so
+                log.warning("could not renew in-flight mark: %s", exc)
 
     def done(self) -> None:
         if self.future is None or self.future.done():
@@ -103,6 +115,8 @@ class Tracked:
         self.future.set_result(None)
         if self._core._inflight.get(self._key) is self.future:  # type: ignore[arg-type]
             del self._core._inflight[self._key]  # type: ignore[arg-type]
+        if self._renewing is not None:
+            self._renewing.cancel()
         if self._mark is not None:  # after the records: a waiting retry then finds them
             self._core.spawn(run_in_threadpool(self._core.marks.clear, self._mark))
 
@@ -157,9 +171,9 @@ class ServingCore:
         # (session id, body hash) -> the original a retry waits for. Not an LRU: an entry
         # lives while its request generates, so `max_pending_requests` bounds them.
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
-        # the same, across the replicas of a shared store (the mark outlives a dead one
-        # by at most the longest a request may take)
-        self.marks = InflightMarks(repo.engine, config.request_timeout_s + 5.0)
+        # the same, across the replicas of a shared store (leases: a dead replica's
+        # marks lapse within seconds)
+        self.marks = InflightMarks(repo.engine)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- before generating -----------------------------------------------------------

@@ -3,8 +3,10 @@
 A client retry is answered from the original's record (ServingCore.replay_of). Within
 one process the retry waits on the original's future; when a load balancer sends the
 retry to another replica, that replica finds the original's mark here and waits until
-it is gone (the original recorded, or failed) or has expired (its replica died). On
-SQLite, a single-process store, nothing is written.
+it is gone (the original recorded, or failed) or has expired. A mark is a lease: the
+replica generating renews it every `lease_s / 3`, so a replica killed mid-request holds
+its retries up for at most `lease_s`. On SQLite, a single-process store, nothing is
+written.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from sqlalchemy import Engine, delete, exists, insert, select
+from sqlalchemy import Engine, delete, exists, insert, select, update
 
 from gateway.store.schema import InflightRow
 
@@ -20,9 +22,9 @@ _T = InflightRow.__table__
 
 
 class InflightMarks:
-    def __init__(self, engine: Engine, ttl_s: float) -> None:
+    def __init__(self, engine: Engine, lease_s: float = 6.0) -> None:
         self.engine = engine
-        self.ttl_s = ttl_s  # longest a request may generate (then its mark is ignored)
+        self.lease_s = lease_s
         self.shared = engine.dialect.name != "sqlite"
 
     def mark(self, session_id: str, request_hash: str) -> str | None:
@@ -31,10 +33,18 @@ class InflightMarks:
             return None
         mark_id = uuid.uuid4().hex
         row = dict(id=mark_id, session_id=session_id, request_hash=request_hash,
-                   expires_at=time.time() + self.ttl_s)  # fmt: skip
+                   expires_at=time.time() + self.lease_s)  # fmt: skip
         with self.engine.begin() as conn:
             conn.execute(insert(InflightRow), [row])
         return mark_id
+
+    def renew(self, mark_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(InflightRow)
+                .where(_T.c.id == mark_id)
+                .values(expires_at=time.time() + self.lease_s)
+            )
 
     def clear(self, mark_id: str) -> None:
         with self.engine.begin() as conn:
