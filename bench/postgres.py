@@ -11,6 +11,7 @@ refuses to run as root, so under root the cluster belongs to an unprivileged use
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import pwd
 import shutil
@@ -35,14 +36,13 @@ def find_bin_dir() -> Path:
     for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
         if Path(candidate, "initdb").exists():
             return Path(candidate)
-    try:  # a pip-installable server: `pip install pgserver`
-        import pgserver  # type: ignore[import-not-found]
-
-        bin_dir = Path(pgserver.__file__).parent / "pginstall" / "bin"
+    # a pip-installable server (the Makefile installs it where the machine has none);
+    # found, not imported: only its binaries are used
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin is not None:
+        bin_dir = Path(spec.origin).parent / "pginstall" / "bin"
         if (bin_dir / "initdb").exists():
             return bin_dir
-    except ImportError:
-        pass
     raise RuntimeError(
         "no PostgreSQL server binaries: install PostgreSQL (initdb on PATH) "
         "or `pip install pgserver`"
