@@ -103,7 +103,8 @@ async def postgres_outage(args: argparse.Namespace, pg: PostgresServer, work: Pa
     with Replicas(3, pg.create_database(), work / "pg", _serve_args(args)) as replicas:
         agents = Agents(replicas, args.sessions, args.turns, retry_every=4, seed=200)
         run = asyncio.ensure_future(agents.run())
-        await asyncio.sleep(2.0)
+        while len(agents.outcome.sent) < args.sessions * args.turns // 3:
+            await asyncio.sleep(0.05)
         await asyncio.to_thread(pg.stop, "immediate")
         stopped = time.monotonic()
         await asyncio.sleep(args.outage_s)

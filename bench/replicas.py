@@ -37,6 +37,7 @@ class Replicas:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
         env["PYTHONPATH"] = str(ROOT)  # this checkout's code, not an installed copy
         env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
+        work.mkdir(parents=True, exist_ok=True)
         self.children = Children(work, env)
         self.database = database
         self.admin_key = "adm-" + secrets.token_hex(16)
@@ -56,11 +57,15 @@ class Replicas:
                 *self.extra_args]  # fmt: skip
 
     def start(self) -> Replicas:
-        for i in range(len(self.ports)):  # all at once: they migrate the store in turn
-            self.procs[i] = self.children.start(f"replica{i}-{self.restarts}", self.argv(i))
-        for i, child in enumerate(self.procs):
-            assert child is not None
-            child.wait_http(f"http://127.0.0.1:{self.ports[i]}/healthz")
+        try:
+            for i in range(len(self.ports)):  # all at once: they migrate the store in turn
+                self.procs[i] = self.children.start(f"replica{i}-{self.restarts}", self.argv(i))
+            for i, child in enumerate(self.procs):
+                assert child is not None
+                child.wait_http(f"http://127.0.0.1:{self.ports[i]}/healthz")
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def kill(self, i: int) -> None:
