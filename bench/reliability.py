@@ -106,15 +106,16 @@ async def postgres_outage(args: argparse.Namespace, pg: PostgresServer, work: Pa
         while len(agents.outcome.sent) < args.sessions * args.turns // 3:
             await asyncio.sleep(0.05)
         await asyncio.to_thread(pg.stop, "immediate")
-        stopped = time.monotonic()
         await asyncio.sleep(args.outage_s)
+        began = time.monotonic()
         await asyncio.to_thread(pg.start)
-        back = time.monotonic()
+        start_s = time.monotonic() - began
         outcome = await run
         refused = Counter(s.code for s in outcome.sent if s.status != 200)
-        note = (f"PostgreSQL stopped (immediate) for {back - stopped:.1f} s: "
-                f"{outcome.refused_503} answers were 503 `store_unavailable` with "
-                f"`retry-after`, each retried by its client; "
+        note = (f"PostgreSQL stopped (immediate), started again {args.outage_s:g} s later "
+                f"(its start and crash recovery took {start_s:.1f} s more): "
+                f"{outcome.refused_503} responses (chat, reward, retry) were 503 "
+                f"`store_unavailable` with `retry-after`, each retried by its client; "
                 f"{outcome.connection_errors} connection errors; "
                 f"final non-200: {dict(refused) or 0}; no gateway restarted")  # fmt: skip
         return [_check(f"PostgreSQL down {args.outage_s:g} s", replicas, outcome, note)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from sqlalchemy import Engine, delete, exists, insert, select, update
+from sqlalchemy import Connection, Engine, delete, exists, insert, select, text, update
 
 from gateway.store.schema import InflightRow
 
@@ -35,11 +35,13 @@ class InflightMarks:
         row = dict(id=mark_id, session_id=session_id, request_hash=request_hash,
                    expires_at=time.time() + self.lease_s)  # fmt: skip
         with self.engine.begin() as conn:
+            _not_durable(conn)
             conn.execute(insert(InflightRow), [row])
         return mark_id
 
     def renew(self, mark_id: str) -> None:
         with self.engine.begin() as conn:
+            _not_durable(conn)
             conn.execute(
                 update(InflightRow)
                 .where(_T.c.id == mark_id)
@@ -48,6 +50,7 @@ class InflightMarks:
 
     def clear(self, mark_id: str) -> None:
         with self.engine.begin() as conn:
+            _not_durable(conn)
             conn.execute(delete(InflightRow).where(_T.c.id == mark_id))
 
     def pending(self, session_id: str, request_hash: str) -> bool:
@@ -63,3 +66,9 @@ class InflightMarks:
         )
         with self.engine.connect() as conn:
             return bool(conn.execute(q).scalar())
+
+
+def _not_durable(conn: Connection) -> None:
+    """A mark need not survive a server crash (a retry after one finds no original
+    generating anyway): its commit does not wait for the disk."""
+    conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
