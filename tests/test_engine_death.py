@@ -43,7 +43,7 @@ class EngineProcess:
 
     def start(self) -> EngineProcess:
         self.proc = subprocess.Popen([sys.executable, "-c", ENGINE, str(TESTS), str(self.port)])
-        deadline = time.monotonic() + 180  # imports alone take 20 s on a busy 2-core VM
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
