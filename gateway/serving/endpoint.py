@@ -118,6 +118,12 @@ class OpenAIServing(abc.ABC, Generic[Req]):
                 self.core.force_sampling(turn, session.sampling)
         admission = self.core.admit(n)
         tracked = self.core.track(session.id, retry.body_hash)
+        try:
+            await tracked.publish()
+        except BaseException:  # (the store is down: a 503)
+            admission.release()
+            tracked.done()
+            raise
         if p.stream:
             return await self._stream(p, admission, tracked)
         with admission, tracked:

@@ -74,3 +74,17 @@ class CompletionRow(Base):
         Index("ix_completions_session_prefix", "session_id", "prefix_hash"),
         Index("ix_completions_session_request", "session_id", "request_hash"),
     )
+
+
+class InflightRow(Base):
+    """A request still generating on some replica (only written on a shared store)."""
+
+    __tablename__ = "inflight_requests"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    # a replica killed mid-request never clears its mark: retries stop waiting here
+    expires_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_inflight_session_request", "session_id", "request_hash"),)
