@@ -90,10 +90,10 @@ def _gateway(tokenizer: Any, db: Path, admin_key: str) -> BackgroundGateway:
 
 
 # Keys the session read gained after the fixture was written (issue 10: the session's
-# `history` mode, per-completion `diagnostics`, parse-failure and drift counts). Only
-# these may differ; everything that was there must read back exactly.
+# `history` mode, per-completion `diagnostics`, parse-failure and drift counts; issue 11:
+# `side_request`). Only these may differ; everything that was there must read back exactly.
 LATER_SESSION_KEYS = {"history"}
-LATER_COMPLETION_KEYS = {"diagnostics"}
+LATER_COMPLETION_KEYS = {"diagnostics", "side_request"}
 LATER_STATS_KEYS = {"tool_parse_failures", "drift_causes", "prompt_drift"}
 
 
@@ -126,7 +126,7 @@ def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer
         gw.stop()
     with sqlite3.connect(db) as con:
         kinds = dict(con.execute("SELECT is_delta, count(*) FROM completions GROUP BY is_delta"))
-        assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0006"
+        assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0007"
     # the fixture's turns that continue their parent became deltas; the roots, the
     # edited history and the first previous_response_id turn's new key stayed whole
     assert kinds[1] >= 8 and kinds[0] >= 4, kinds
