@@ -1,0 +1,246 @@
+"""Anthropic clients against the real gateway, each from its own virtualenv.
+
+- The `anthropic` SDK (.venv-clients/anthropic): a tool round trip whole and streamed,
+  count_tokens, thinking blocks sent back, and its retries of a 529.
+- Claude Code, the CLI bundled in `claude-agent-sdk` (.venv-clients/claude_code), run
+  inside `unshare -n` (a network namespace with only loopback; we are root) with
+  nonessential traffic off, so nothing can leave the machine whatever it tries. It
+  reaches the gateway through a Unix socket (scripts/_relay.py). First with an engine
+  that emits scripted tokens (a Bash call, then text), then with the real SmolLM2.
+
+Each checks what the gateway recorded, token-exact, and rewards by the `msg_` id.
+A missing or stale client venv FAILS (never skips): run `make clients-setup`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gateway_helpers import ADMIN_KEY, bearer, http_client, read_session
+from test_clients import (
+    FINAL_TEXT,
+    SCRIPT_TIMEOUT_S,
+    SCRIPTS,
+    TOOL_CALL,
+    TOOL_RESULT,
+    check_tokens,
+    client_env,
+    client_python,
+    weather_reply,
+)
+
+from gateway.config import GatewayConfig
+from gateway.inference.base import EngineError
+from gateway.server import BackgroundGateway
+
+sys.path.insert(0, str(SCRIPTS))
+from _relay import Relay  # noqa: E402
+
+pytestmark = pytest.mark.clients
+RESULT_PREFIX = "CLIENT-RESULT "
+BASH_CALL = (
+    '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo hello > out.txt", '
+    '"description": "Write the file"}}\n</tool_call>'
+)
+BASH_DONE = "I wrote hello to out.txt."
+TASK = "Create a file out.txt containing hello, using Bash."
+
+
+def run_script(python: Path, args: list[str], env: dict[str, str], prefix: list[str] = ()):
+    proc = subprocess.run(
+        [*prefix, str(python), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S * 2,
+        cwd=SCRIPTS,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or len(lines) != 1:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        pytest.fail(f"{args[0]} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[0][len(RESULT_PREFIX) :])
+
+
+def anthropic_sdk(gateway: BackgroundGateway, key: str, mode: str) -> dict[str, Any]:
+    python = client_python("anthropic")
+    base = gateway.url.removesuffix("/v1")
+    args = ["anthropic_agent.py", "--base-url", base, "--api-key", key, "--mode", mode]
+    env = {k: v for k, v in client_env(base, key).items() if not k.startswith("ANTHROPIC_")}
+    return run_script(python, args, env)
+
+
+def records(gateway: BackgroundGateway, session_id: str) -> list[dict[str, Any]]:
+    return sorted(read_session(gateway, session_id)["completions"], key=lambda c: c["created_at"])
+
+
+@pytest.mark.parametrize("mode", ["create", "stream"])
+def test_anthropic_sdk_tool_round_trip(mode, gateway_factory, new_session, tokenizer):
+    client_python("anthropic")
+    gateway = gateway_factory(reply_ids=weather_reply(tokenizer))
+    session_id, key = new_session(gateway)
+    seen = anthropic_sdk(gateway, key, mode)
+
+    [call] = seen["tool_uses"]
+    assert call["name"] == "get_weather" and call["input"] == {"city": "Paris"}
+    assert call["id"].startswith("toolu_")
+    assert seen["tool_results"] == [{"city": "Paris", "result": TOOL_RESULT}]
+    assert seen["stop_reasons"] == ["tool_use", "end_turn"]
+    assert seen["final_text"] == FINAL_TEXT
+    if mode == "stream":
+        kinds = set(seen["event_types"])
+        assert {"message_start", "content_block_start", "content_block_stop"} <= kinds
+        assert {"message_delta", "message_stop", "text", "input_json"} <= kinds, kinds
+
+    first, second = records(gateway, session_id)
+    assert [first["id"], second["id"]] == seen["message_ids"]
+    for record, usage in zip((first, second), seen["usage"], strict=True):
+        check_tokens(record)
+        assert usage["input_tokens"] == len(record["prompt_ids"])
+        assert usage["output_tokens"] == len(record["output_ids"])
+    assert tokenizer.decode(first["output_ids"], skip_special_tokens=True) == TOOL_CALL
+    assert second["parent_id"] == first["id"] and second["tokens_continue_parent"]
+    assert TOOL_RESULT in tokenizer.decode(second["prompt_ids"])
+    # count_tokens of the conversation so far (up to the tool result): the second
+    # turn's prompt, token for token
+    assert seen["count_tokens"] == len(second["prompt_ids"])
+
+    with http_client() as http:
+        r = http.post(
+            f"{gateway.url}/rewards",
+            headers=bearer(key),
+            json={"completion_id": second["id"], "reward": 1.0},
+        )
+    assert r.status_code == 200, r.text
+    assert {c["id"]: c["reward"] for c in records(gateway, session_id)}[second["id"]] == 1.0
+
+
+def test_anthropic_sdk_thinking(gateway_factory, new_session):
+    client_python("anthropic")
+    gateway = gateway_factory({"reasoning_parser": "qwen3"})
+    gateway.engine.script("<think>2 and 2 make 4.</think>4", "<think>Checked.</think>Yes, 4.")
+    # token_exact: SmolLM2's template would not show the earlier thinking again
+    session_id, key = new_session(gateway, history="token_exact")
+    seen = anthropic_sdk(gateway, key, "thinking")
+    first_blocks, second_blocks = seen["blocks"]
+    assert [b["type"] for b in first_blocks] == ["thinking", "text"]
+    assert first_blocks[0]["thinking"] == "2 and 2 make 4."
+    assert first_blocks[0]["signature"].startswith("tsig_")
+    assert [b.get("text") for b in second_blocks][1] == "Yes, 4."
+    first, second = records(gateway, session_id)
+    assert second["parent_id"] == first["id"] and second["tokens_continue_parent"]
+
+
+def test_anthropic_sdk_retries_a_529(gateway_factory, new_session, tokenizer):
+    client_python("anthropic")
+    failures = [EngineError("warming up"), EngineError("warming up")]
+
+    def reply(_prompt_ids: list[int]) -> str:
+        if failures:
+            raise failures.pop()
+        return "Hello!"
+
+    gateway = gateway_factory(reply_ids=reply)
+    session_id, key = new_session(gateway)
+    seen = anthropic_sdk(gateway, key, "retry")
+    assert seen["retries_taken"] == 2
+    [record] = records(gateway, session_id)
+    assert record["id"] == seen["message_ids"][0]
+
+
+# ---- Claude Code ---------------------------------------------------------------------
+def claude_code(
+    gateway: BackgroundGateway, key: str, workdir: Path, prompt: str, extra_env: dict[str, str]
+) -> dict[str, Any]:
+    """Run the task with Claude Code inside `unshare -n`, relayed to the gateway."""
+    python = client_python("claude_code")
+    if os.geteuid() != 0:
+        pytest.fail("Claude Code runs inside `unshare -n`, which needs root", pytrace=False)
+    socket = str(workdir.parent / "gateway.sock")
+    relay = Relay(tcp_port=gateway.config.port, unix_path=socket, listen_on="unix").start()
+    env = {k: v for k, v in client_env("", key).items() if not k.startswith("ANTHROPIC_")}
+    env.update(extra_env)
+    args = ["claude_code_agent.py", "--socket", socket, "--api-key", key]
+    args += ["--workdir", str(workdir), "--prompt", prompt]
+    try:
+        return run_script(python, args, env, prefix=["unshare", "-n"])
+    finally:
+        relay.stop()
+
+
+def test_claude_code_bash_round_trip_is_recorded(gateway_factory, new_session, tokenizer, tmp_path):
+    """Scripted tokens: a Bash call (which really runs), then the final answer."""
+    client_python("claude_code")
+
+    def reply(prompt_ids: list[int]) -> str:
+        return BASH_DONE if "<|im_start|>tool\n" in tokenizer.decode(prompt_ids) else BASH_CALL
+
+    gateway = gateway_factory(reply_ids=reply)
+    session_id, key = new_session(gateway, metadata={"client": "claude-code"})
+    workdir = tmp_path / "work"
+    seen = claude_code(gateway, key, workdir, TASK, {})
+
+    [call] = seen["tool_uses"]
+    assert call["name"] == "Bash" and call["input"]["command"] == "echo hello > out.txt"
+    [result] = seen["tool_results"]
+    assert result["tool_use_id"] == call["id"] and not result["is_error"]
+    assert seen["result"]["subtype"] == "success" and seen["result"]["result"] == BASH_DONE
+    assert (workdir / "out.txt").read_text() == "hello\n"  # the Bash call really ran
+
+    main = [r for r in records(gateway, session_id) if not r["side_request"]]
+    first, second = main
+    for record in main:
+        check_tokens(record)
+        assert record["endpoint"] == "messages" and record["request"]["stream"] is True
+    assert first["id"] == call["id"].replace("toolu_", "msg_").rsplit("_", 1)[0]
+    assert tokenizer.decode(first["output_ids"], skip_special_tokens=True) == BASH_CALL
+    assert second["parent_id"] == first["id"] and second["tokens_continue_parent"]
+    n = len(first["prompt_ids"]) + len(first["output_ids"])
+    assert second["prompt_ids"][:n] == first["prompt_ids"] + first["output_ids"]
+    assert result["content"] in tokenizer.decode(second["prompt_ids"][n:])
+    assert tokenizer.decode(second["output_ids"], skip_special_tokens=True) == BASH_DONE
+
+    with http_client() as http:
+        r = http.post(
+            f"{gateway.url}/rewards",
+            headers=bearer(key),
+            json={"completion_id": second["id"], "reward": 1.0},
+        )
+        assert r.status_code == 200, r.text
+        export = http.get(
+            f"{gateway.url}/sessions/{session_id}/export",
+            headers=bearer(ADMIN_KEY),
+            params={"style": "concat"},
+        ).json()
+    [sample] = export["samples"]
+    assert sample["completion_ids"] == [first["id"], second["id"]]
+    assert sample["reward"] == 1.0
+
+
+@pytest.mark.slow
+def test_claude_code_with_smollm2(new_session, tmp_path):
+    """The real SmolLM2 answers Claude Code's first turn (its prompt with only the Bash
+    tool fits the 8k context); the output is capped by Claude Code's own setting."""
+    client_python("claude_code")
+    config = GatewayConfig(
+        port=0, database=str(tmp_path / "e.db"), admin_key=ADMIN_KEY, engine="embedded"
+    )
+    with BackgroundGateway(config) as gateway:
+        session_id, key = new_session(gateway, sampling={"temperature": 0.0})
+        env = {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "24", "MAX_THINKING_TOKENS": "0"}
+        seen = claude_code(gateway, key, tmp_path / "work", "Say hello.", env)
+        assert seen["result"]["subtype"] == "success", seen
+        main = [r for r in records(gateway, session_id) if not r["side_request"]]
+        assert main, "no turn was recorded"
+        last = main[-1]
+        check_tokens(last)
+        assert last["prompt_tokens"] > 1000  # Claude Code's system prompt and Bash tool
+        assert last["completion_tokens"] <= 24
+        text = "".join(b.get("text", "") for b in last["response"]["message"]["content"])
+        assert seen["result"]["result"].strip() == text.strip()
