@@ -357,3 +357,22 @@ def test_side_requests_are_flagged_and_left_out_of_exports(fake_gateway, new_ses
     samples = http.get(export, headers=admin_headers(),
                        params={"include_side_requests": "true"}).json()["samples"]  # fmt: skip
     assert len(samples) == 3
+
+
+@pytest.mark.slow
+def test_real_smollm2_answers_whole_and_streamed(embedded_gateway, new_session, http, tokenizer):
+    """The real engine: the streamed text and the whole answer are the recorded tokens."""
+    session_id, key = new_session(embedded_gateway, sampling={"temperature": 0.0})
+    url = embedded_gateway.url
+    body = {"model": "m", "max_tokens": 12, "messages": QUESTION, "system": "Be brief."}
+    whole = post_messages(http, url, key, body).json()
+    events = sse_events(post_messages(http, url, key, {**body, "stream": True}).text)
+    streamed = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
+    assert whole["content"][0]["text"] == streamed  # greedy: the same answer twice
+    assert events[-1][0] == "message_stop"
+    for msg_id, text in ((whole["id"], streamed), (events[0][1]["message"]["id"], streamed)):
+        record = completion_record(embedded_gateway, session_id, msg_id)
+        assert tokenizer.decode(record["output_ids"], skip_special_tokens=True) == text
+        assert len(record["output_logprobs"]) == len(record["output_ids"]) <= 12
+    counted = post_messages(http, url, key, body, "/v1/messages/count_tokens").json()
+    assert counted["input_tokens"] == whole["usage"]["input_tokens"]

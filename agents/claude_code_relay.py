@@ -2,8 +2,9 @@
 
 Claude Code runs inside `unshare -n`: a network namespace with only its own loopback,
 so nothing it tries can leave the machine. The gateway runs outside it. A Unix socket
-is a file, which both namespaces see: the test relays the socket to the gateway's TCP
-port, and inside the namespace the client script relays 127.0.0.1:<port> to the socket.
+is a file, which both namespaces see: outside, the socket is relayed to the gateway's
+TCP port (`unix_to_tcp`, or a `Relay` thread); inside, claude_code_episode.py relays
+127.0.0.1:<port> to the socket.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def _handler(open_target: Opener) -> Callable[..., Awaitable[None]]:
     return handle
 
 
+async def unix_to_tcp(unix_path: str, tcp_port: int, host: str = "127.0.0.1") -> asyncio.Server:
+    """Serve `unix_path` on the running loop, relaying each connection to host:tcp_port."""
+    handle = _handler(lambda: asyncio.open_connection(host, tcp_port))
+    return await asyncio.start_unix_server(handle, unix_path)
+
+
 class Relay:
     """Serve in a daemon thread until `stop()`: TCP -> Unix socket, or the reverse."""
 
@@ -61,8 +68,7 @@ class Relay:
 
     async def _serve(self) -> None:
         if self.listen_on == "unix":
-            handle = _handler(lambda: asyncio.open_connection("127.0.0.1", self.tcp_port))
-            self._server = await asyncio.start_unix_server(handle, self.unix_path)
+            self._server = await unix_to_tcp(self.unix_path, self.tcp_port)
         else:
             handle = _handler(lambda: asyncio.open_unix_connection(self.unix_path))
             self._server = await asyncio.start_server(handle, "127.0.0.1", self.tcp_port)
