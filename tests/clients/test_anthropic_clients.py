@@ -14,6 +14,7 @@ A missing or stale client venv FAILS (never skips): run `make clients-setup`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -250,3 +251,28 @@ def test_claude_code_with_smollm2(new_session, tmp_path):
     blocks = record["response"]["message"]["content"]
     text = "".join(b.get("text", "") for b in blocks)
     assert text and seen["texts"] == [text]  # what Claude Code showed is what was recorded
+
+
+def test_claude_code_training_workflow_rewards_the_created_file(
+    gateway_factory, new_session, tokenizer
+):
+    """agents/claude_code.py as the trainer runs it: one episode, its own session key;
+    the reward checks the file Claude Code had to create."""
+    from trainer.api import import_file
+
+    agents = import_file(SCRIPTS.parents[2] / "agents" / "claude_code.py")
+    [task] = agents.file_tasks(1, seed=3)
+    call = json.dumps({"name": "Bash", "arguments": {"command": f"echo {task['content']} > "
+                                                     f"{task['file']}"}})  # fmt: skip
+    script = {True: "Done.", False: f"<tool_call>\n{call}\n</tool_call>"}
+
+    def reply(prompt_ids: list[int]) -> str:
+        return script["<|im_start|>tool\n" in tokenizer.decode(prompt_ids)]
+
+    gateway = gateway_factory(reply_ids=reply)
+    session_id, key = new_session(gateway)
+    agent = agents.ClaudeCodeAgent(python=str(client_python("claude_code")), max_turns=3)
+    reward = asyncio.run(agent.run(task, base_url=gateway.url, api_key=key))
+    assert reward == 1.0
+    main = [r for r in records(gateway, session_id) if not r["side_request"]]
+    assert len(main) == 2 and main[1]["parent_id"] == main[0]["id"]
