@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
-import subprocess
+import socket
+import struct
 import sys
 from dataclasses import asdict, is_dataclass
 from importlib import metadata
@@ -33,6 +35,7 @@ from claude_agent_sdk import (
 from claude_code_relay import Relay
 
 RESULT_PREFIX = "CLIENT-RESULT "
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 MODEL = "claude-sonnet-4-5"
 
 
@@ -48,12 +51,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def loopback_only() -> None:
-    """Bring up this namespace's loopback, and make sure it is the only way out."""
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    names = [line.split(":")[1].strip() for line in links.stdout.splitlines()]
+    """Bring up this namespace's loopback (an ioctl, as `ip link set lo up` does), and
+    make sure it is the only interface there is."""
+    names = [name for _, name in socket.if_nameindex()]
     if names != ["lo"]:
         sys.exit(f"not in a loopback-only network namespace: {names}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
 
 
 def plain(value: Any) -> Any:

@@ -53,13 +53,19 @@ BASH_DONE = "I wrote hello to out.txt."
 TASK = "Create a file out.txt containing hello, using Bash."
 
 
-def run_script(python: Path, args: list[str], env: dict[str, str], prefix: list[str] = ()):
+def run_script(
+    python: Path,
+    args: list[str],
+    env: dict[str, str],
+    prefix: list[str] = (),
+    timeout_s: float = SCRIPT_TIMEOUT_S * 2,
+):
     proc = subprocess.run(
         [*prefix, str(python), *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=SCRIPT_TIMEOUT_S * 2,
+        timeout=timeout_s,
         cwd=SCRIPTS,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -163,6 +169,7 @@ def claude_code(
     prompt: str,
     extra_env: dict[str, str],
     max_turns: int = 4,
+    timeout_s: float = SCRIPT_TIMEOUT_S * 2,
 ) -> dict[str, Any]:
     """Run the task with Claude Code inside `unshare -n`, relayed to the gateway."""
     python = client_python("claude_code")
@@ -175,7 +182,7 @@ def claude_code(
     args = ["claude_code_agent.py", "--socket", socket, "--api-key", key]
     args += ["--workdir", str(workdir), "--prompt", prompt, "--max-turns", str(max_turns)]
     try:
-        return run_script(python, args, env, prefix=["unshare", "-n"])
+        return run_script(python, args, env, prefix=["unshare", "-n"], timeout_s=timeout_s)
     finally:
         relay.stop()
 
@@ -241,7 +248,10 @@ def test_claude_code_with_smollm2(new_session, tmp_path):
     with BackgroundGateway(config) as gateway:
         session_id, key = new_session(gateway, sampling={"temperature": 0.0})
         env = {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16", "MAX_THINKING_TOKENS": "0"}
-        seen = claude_code(gateway, key, tmp_path / "work", "Say hello.", env, max_turns=1)
+        # a ~4k-token prefill on a CPU: minutes when the machine is shared
+        seen = claude_code(
+            gateway, key, tmp_path / "work", "Say hello.", env, max_turns=1, timeout_s=1200
+        )
         [record] = [r for r in records(gateway, session_id) if not r["side_request"]]
     check_tokens(record)
     assert record["endpoint"] == "messages" and record["request"]["stream"] is True
