@@ -63,11 +63,13 @@ class ClaudeCodeAgent:
         python: str = ".venv-clients/claude_code/bin/python",
         max_output_tokens: int = 64,
         max_turns: int = 3,
-        timeout_s: float = 600.0,
+        max_answers: int = 0,
+        timeout_s: float = 1800.0,
     ) -> None:
         self.python = python
         self.max_output_tokens = max_output_tokens
         self.max_turns = max_turns
+        self.max_answers = max_answers  # 0: until Claude Code is done
         self.timeout_s = timeout_s
 
     async def run(self, data: dict, **extra_kwargs: Any) -> float:
@@ -90,6 +92,7 @@ class ClaudeCodeAgent:
             "unshare", "-n", self.python, str(EPISODE),
             "--socket", socket, "--api-key", api_key, "--workdir", str(workdir),
             "--prompt", prompt, "--max-turns", str(self.max_turns),
+            "--answers", str(self.max_answers),
             env=env, cwd=str(HERE),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

@@ -47,6 +47,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workdir", required=True)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument(
+        "--answers",
+        type=int,
+        default=0,
+        help="stop after this many assistant messages (0: when Claude Code is done); "
+        "a model that hits max_tokens otherwise gets Claude Code's continuation requests",
+    )
     return p.parse_args()
 
 
@@ -84,15 +91,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         stderr=lambda line: print(f"[claude] {line}", file=sys.stderr),
     )
-    seen: dict[str, Any] = {"tool_uses": [], "tool_results": [], "texts": [], "models": []}
+    seen: dict[str, Any] = {
+        "tool_uses": [], "tool_results": [], "texts": [], "models": [], "stop_reasons": []
+    }  # fmt: skip
     async for message in query(prompt=args.prompt, options=options):
         if isinstance(message, AssistantMessage):
             seen["models"].append(message.model)
+            seen["stop_reasons"].append(message.stop_reason)
             for block in message.content:
                 if isinstance(block, ToolUseBlock):
                     seen["tool_uses"].append(plain(block))
                 elif isinstance(block, TextBlock):
                     seen["texts"].append(block.text)
+            if args.answers and len(seen["models"]) >= args.answers:
+                break  # (closing the query ends the CLI)
         elif isinstance(message, UserMessage) and isinstance(message.content, list):
             for block in message.content:
                 if isinstance(block, ToolResultBlock):

@@ -170,6 +170,7 @@ def claude_code(
     extra_env: dict[str, str],
     max_turns: int = 4,
     timeout_s: float = SCRIPT_TIMEOUT_S * 2,
+    answers: int = 0,
 ) -> dict[str, Any]:
     """Run the task with Claude Code inside `unshare -n`, relayed to the gateway."""
     python = client_python("claude_code")
@@ -181,6 +182,7 @@ def claude_code(
     env.update(extra_env)
     args = ["claude_code_agent.py", "--socket", socket, "--api-key", key]
     args += ["--workdir", str(workdir), "--prompt", prompt, "--max-turns", str(max_turns)]
+    args += ["--answers", str(answers)]
     try:
         return run_script(python, args, env, prefix=["unshare", "-n"], timeout_s=timeout_s)
     finally:
@@ -239,8 +241,10 @@ def test_claude_code_bash_round_trip_is_recorded(gateway_factory, new_session, t
 @pytest.mark.slow
 def test_claude_code_with_smollm2(new_session, tmp_path):
     """The real SmolLM2 answers Claude Code's first turn (its prompt with only the Bash
-    tool, ~3,900 tokens, fits the 8k context). One turn, its output capped by Claude
-    Code's own setting: a ~4k-token prompt is slow on a shared 2-core CPU."""
+    tool, ~3,900 tokens, fits the 8k context). One answer, its output capped by Claude
+    Code's own setting; the run stops once Claude Code has shown it (a cut answer would
+    otherwise get Claude Code's continuation requests, each another ~4k-token prefill,
+    slow on a shared 2-core CPU)."""
     client_python("claude_code")
     config = GatewayConfig(
         port=0, database=str(tmp_path / "e.db"), admin_key=ADMIN_KEY, engine="embedded"
@@ -250,9 +254,10 @@ def test_claude_code_with_smollm2(new_session, tmp_path):
         env = {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16", "MAX_THINKING_TOKENS": "0"}
         # a ~4k-token prefill on a CPU: minutes when the machine is shared
         seen = claude_code(
-            gateway, key, tmp_path / "work", "Say hello.", env, max_turns=1, timeout_s=1200
+            gateway, key, tmp_path / "work", "Say hello.", env, timeout_s=1200, answers=1
         )
-        [record] = [r for r in records(gateway, session_id) if not r["side_request"]]
+        answered = [r for r in records(gateway, session_id) if r["finish_reason"] != "abort"]
+        [record] = [r for r in answered if not r["side_request"]]
     check_tokens(record)
     assert record["endpoint"] == "messages" and record["request"]["stream"] is True
     assert record["prompt_tokens"] > 1000  # Claude Code's system prompt and Bash tool
@@ -261,6 +266,8 @@ def test_claude_code_with_smollm2(new_session, tmp_path):
     blocks = record["response"]["message"]["content"]
     text = "".join(b.get("text", "") for b in blocks)
     assert text and seen["texts"] == [text]  # what Claude Code showed is what was recorded
+    reason = record["response"]["message"]["stop_reason"]
+    assert seen["stop_reasons"] == [reason] and reason in ("end_turn", "max_tokens")
 
 
 def test_claude_code_training_workflow_rewards_the_created_file(
