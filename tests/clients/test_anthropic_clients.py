@@ -266,8 +266,7 @@ def test_claude_code_with_smollm2(new_session, tmp_path):
     blocks = record["response"]["message"]["content"]
     text = "".join(b.get("text", "") for b in blocks)
     assert text and seen["texts"] == [text]  # what Claude Code showed is what was recorded
-    reason = record["response"]["message"]["stop_reason"]
-    assert seen["stop_reasons"] == [reason] and reason in ("end_turn", "max_tokens")
+    assert record["response"]["message"]["stop_reason"] in ("end_turn", "max_tokens")
 
 
 def test_claude_code_training_workflow_rewards_the_created_file(
