@@ -376,3 +376,38 @@ def test_real_smollm2_answers_whole_and_streamed(embedded_gateway, new_session, 
         assert len(record["output_logprobs"]) == len(record["output_ids"]) <= 12
     counted = post_messages(http, url, key, body, "/v1/messages/count_tokens").json()
     assert counted["input_tokens"] == whole["usage"]["input_tokens"]
+
+
+def test_cli_export_leaves_side_requests_out_unless_asked(
+    fake_gateway, new_session, http, tmp_path
+):
+    from trainer.cli import main as turnstile
+
+    session_id, key = new_session(fake_gateway)
+    url = fake_gateway.url
+    main = post_messages(http, url, key, {"model": "big", "max_tokens": 8, "messages": QUESTION})
+    side = post_messages(http, url, key, {"model": "small", "max_tokens": 8, "messages": QUESTION})
+    ids = [main.json()["id"], side.json()["id"]]
+    r = http.post(f"{url}/rewards", headers=admin_headers(),
+                  json={"rewards": {i: 1.0 for i in ids}})  # fmt: skip
+    assert r.status_code == 200, r.text
+    database, out = fake_gateway.config.database, tmp_path / "samples.jsonl"
+    assert turnstile(["export", "--database", database, "--out", str(out)]) == 0
+    assert [json.loads(line)["completion_ids"] for line in out.open()] == [ids[:1]]
+    args = ["export", "--database", database, "--out", str(out), "--include-side-requests"]
+    assert turnstile(args) == 0
+    assert sorted(json.loads(line)["completion_ids"][0] for line in out.open()) == sorted(ids)
+
+
+def test_error_mid_stream_is_an_anthropic_error_event(gateway_factory, new_session, http):
+    """An engine that stalls after the stream began: the open block is followed by an
+    `error` event in Anthropic's shape (the SDKs raise it), not a hang."""
+    gw = gateway_factory(token_delay_s=0.1, config={"request_timeout_s": 0.6})
+    gw.engine.script("one two three four five six seven eight nine ten eleven twelve " * 3)
+    _, key = new_session(gw)
+    body = {"model": "m", "max_tokens": 200, "messages": QUESTION, "stream": True}
+    events = sse_events(post_messages(http, gw.url, key, body).text)
+    assert events[0][0] == "message_start" and "content_block_delta" in [n for n, _ in events]
+    name, data = events[-1]
+    assert name == "error" and data["type"] == "error"
+    assert data["error"]["type"] == "timeout_error" and "did not answer" in data["error"]["message"]
