@@ -13,6 +13,7 @@ from gateway.auth import KeyRing
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
+from gateway.entrypoints.anthropic.messages import api_router as messages
 from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
 from gateway.entrypoints.openai.completion import api_router as completion
@@ -29,7 +30,7 @@ from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 # Every route of the gateway; a new endpoint is one folder plus one line here.
-ROUTERS = (chat_completion, completion, responses, models, sessions, rewards, health)
+ROUTERS = (chat_completion, completion, responses, messages, models, sessions, rewards, health)
 
 log = logging.getLogger(__name__)
 

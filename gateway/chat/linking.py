@@ -66,24 +66,9 @@ class ConversationHash:
         return h.hexdigest()[:40]
 
 
-def conversation_hash(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> str:
-    """The hash of a conversation that ends in an assistant message."""
-    *before, last = messages
-    return ConversationHash(before, tools).with_answer(last)
-
-
-def candidate_parent_hashes(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> list[str]:
-    """Hashes of every prefix ending in an assistant message, longest first."""
-    return ConversationHash(messages, tools).candidates
-
-
 def answer_positions(messages: list[dict[str, Any]]) -> list[int]:
     """Index of each assistant message, longest prefix first: the i-th of
-    `candidate_parent_hashes` ends at message `answer_positions(...)[i]`."""
+    `ConversationHash.candidates` ends at message `answer_positions(...)[i]`."""
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"][::-1]
 
 

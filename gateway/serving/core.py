@@ -457,6 +457,7 @@ class ServingCore:
             versions=versions[:n],
             top_logprobs=None if top is None else top[:n],
             finish_reason=finish,
+            stop_string=_stop_string(decoder) if decoder.stopped else None,
             queue_s=result.queue_s if result is not None else 0.0,
             gen_s=result.gen_s if result is not None else time.perf_counter() - began,
         )
@@ -547,3 +548,9 @@ class ServingCore:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _stop_string(decoder: IncrementalDecoder) -> str | None:
+    """Which of the request's stop strings ended the text (at the decoder's cut)."""
+    assert decoder.cut is not None
+    return next((s for s in decoder.stops if decoder.text.startswith(s, decoder.cut)), None)

@@ -65,6 +65,9 @@ class Turn:
     # token_exact; and why it could not be token_exact, when it was not
     history: str | None = None
     history_fallback: str | None = None
+    # a client's side request (a title for its UI, a small model's chore): recorded,
+    # left out of training exports by default
+    side_request: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +90,7 @@ class ChoiceOutput:
     versions: list[int]
     top_logprobs: list[TopLogprobs] | None
     finish_reason: str  # stop | length | abort (client gone)
+    stop_string: str | None = None  # the stop string that ended it, if one did
     queue_s: float = 0.0
     gen_s: float = 0.0
 
@@ -127,6 +131,7 @@ def completion_record(
         tokens_continue_parent=turn.continues_parent,
         request_hash=turn.request_hash,
         choice_index=out.index,
+        side_request=turn.side_request,
         queue_s=out.queue_s,
         gen_s=out.gen_s,
         total_s=time.perf_counter() - turn.started,
