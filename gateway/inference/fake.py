@@ -24,6 +24,9 @@ Reply = list[int] | str
 FAKE_LOGPROB = -0.5
 
 
+MAX_CALLS_KEPT = 1024
+
+
 class FakeEngine(InferenceEngine):
     name = "fake"
 
@@ -45,6 +48,8 @@ class FakeEngine(InferenceEngine):
         self._script: deque[Reply] = deque()
         self.alive = True
         self._version = 0
+        # the latest calls, for tests to inspect; bounded, so that a long benchmark
+        # (bench/rss.py: 20,000 sessions) measures the gateway, not this history
         self.calls: list[tuple[list[int], SamplingParams]] = []
 
     @property
@@ -70,6 +75,8 @@ class FakeEngine(InferenceEngine):
         if not self.alive:
             raise EngineError("fake engine is down")
         self.calls.append((prompt_ids, params))
+        if len(self.calls) > MAX_CALLS_KEPT:
+            del self.calls[0]
         if self._script:
             reply = self._script.popleft()
         else:
