@@ -1,25 +1,33 @@
 """Keys: an admin key for operators, one API key per session for agents.
 
-Session keys are stored only as SHA-256 hashes. A small in-memory cache keeps the
-hot path off the database; its entries live a short time so that a session ended
-through another gateway replica stops working within seconds.
+Session keys are stored only as SHA-256 hashes. An in-memory cache keeps the hot path
+off the database. A session ended through another gateway replica must stop working
+within seconds: rather than re-reading every cached key every few seconds (a query per
+request per session), the cache asks the store once every `end_poll_s` which sessions
+ended lately, and forgets those: one query per poll, however many sessions are live.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass
 
 from fastapi import Request
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.errors import APIError
 from gateway.lru import LRU
 from gateway.store.repository import Repository, SessionInfo
 
 KEY_PREFIX = "tsk-"
+# how far two replicas' clocks may disagree: the end-of-session poll looks back this much
+CLOCK_SKEW_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 def new_session_key() -> str:
@@ -53,13 +61,18 @@ class KeyRing:
         self,
         repo: Repository,
         admin_key: str | None,
-        cache_ttl_s: float = 2.0,
+        end_poll_s: float = 2.0,
         cache_size: int = 100_000,
+        max_age_s: float = 60.0,
     ) -> None:
         self.repo = repo
         self.admin_key = admin_key
-        self.cache_ttl_s = cache_ttl_s
+        self.end_poll_s = end_poll_s
+        self.max_age_s = max_age_s  # a backstop: re-read a key this old anyway
         self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
+        self._digests: LRU[str, str] = LRU(cache_size)  # session id -> its key's digest
+        self._polled = time.monotonic()
+        self._ended_since = time.time() - CLOCK_SKEW_S
 
     def is_admin_key(self, key: str | None) -> bool:
         if self.admin_key is None:
@@ -69,21 +82,41 @@ class KeyRing:
     def session_for_key(self, key: str) -> SessionInfo | None:
         digest = hash_key(key)
         now = time.monotonic()
+        if now - self._polled >= self.end_poll_s:
+            self._forget_ended(now)
         hit = self._cache.get(digest)
-        if hit is not None and now - hit[0] < self.cache_ttl_s:
+        if hit is not None and now - hit[0] < self.max_age_s:
             return hit[1]
         info = self.repo.session_by_key_hash(digest)
         if info is not None:
-            self._cache.put(digest, (now, info))
+            self._put(digest, info, now)
         return info
 
+    def _forget_ended(self, now: float) -> None:
+        """Forget the sessions the store says ended since the last poll (on any replica;
+        their end time is that replica's clock, hence the overlap of `CLOCK_SKEW_S`)."""
+        self._polled = now
+        wall = time.time()
+        try:
+            ended = self.repo.sessions_ended_since(self._ended_since)
+        except SQLAlchemyError:
+            log.warning("could not poll the store for ended sessions; retrying next request")
+            return
+        for session_id in ended:
+            self.forget(session_id)
+        self._ended_since = wall - CLOCK_SKEW_S
+
     def forget(self, session_id: str) -> None:
-        for digest, (_, info) in self._cache.items():
-            if info.id == session_id:
-                self._cache.pop(digest)
+        digest = self._digests.pop(session_id)
+        if digest is not None:
+            self._cache.pop(digest)
 
     def remember(self, key: str, info: SessionInfo) -> None:
-        self._cache.put(hash_key(key), (time.monotonic(), info))
+        self._put(hash_key(key), info, time.monotonic())
+
+    def _put(self, digest: str, info: SessionInfo, now: float) -> None:
+        self._cache.put(digest, (now, info))
+        self._digests.put(info.id, digest)
 
     def resolve(self, request: Request, *, allow_admin: bool, allow_ended: bool = False) -> Caller:
         key = bearer_token(request)

@@ -294,3 +294,20 @@ def test_a_session_can_force_greedy_sampling(fake_gateway, http) -> None:
         headers=admin_headers(),
     )
     assert_error_shape(bad, 400)
+
+
+def test_a_session_ended_on_another_replica_stops_within_seconds(
+    gateway_factory, new_session, http
+):
+    """Two gateways on one store: B has the key cached; ending the session through A
+    stops it on B at B's next poll of ended sessions (every 2 s), not at a cache expiry."""
+    a = gateway_factory()
+    b = gateway_factory({"database": a.config.database})
+    session_id, key = new_session(a)
+    assert chat(http, b, key).status_code == 200  # B now holds the key in its cache
+    assert http.post(f"{a.url}/sessions/{session_id}/end", headers=bearer(key)).status_code == 200
+    ended = time.monotonic()
+    while (status := chat(http, b, key).status_code) == 200:
+        assert time.monotonic() - ended < 3.0, "B still serves an ended session after 3 s"
+        time.sleep(0.2)
+    assert status == 410

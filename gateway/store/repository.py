@@ -77,6 +77,13 @@ class Repository:
             ).first()
         return None if row is None else _row_info(row)
 
+    def sessions_ended_since(self, since: float) -> list[str]:
+        """Ids of the sessions ended at or after `since` (epoch seconds), on any replica."""
+        table = SessionRow.__table__
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(table.c.id).where(table.c.ended_at >= since))
+            return [r[0] for r in rows]
+
     def end_session(self, session_id: str) -> SessionInfo | None:
         now = time.time()
         table = SessionRow.__table__
