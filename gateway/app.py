@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway import ui
 from gateway.auth import KeyRing
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
@@ -29,7 +30,7 @@ from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 # Every route of the gateway; a new endpoint is one folder plus one line here.
-ROUTERS = (chat_completion, completion, responses, models, sessions, rewards, health)
+ROUTERS = (chat_completion, completion, responses, models, sessions, rewards, health, ui)
 
 log = logging.getLogger(__name__)
 

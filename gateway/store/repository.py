@@ -15,6 +15,7 @@ from sqlalchemy import Engine, func, select, update
 from gateway.store.codec import unpack_floats, unpack_ints
 from gateway.store.delta import Full, Rebuilder, by_id
 from gateway.store.schema import CompletionRow, SessionRow
+from gateway.store.summaries import SessionFilter, summary_dict, summary_query
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,6 +127,15 @@ class Repository:
             )
             for r in rows
         ]
+
+    def session_summaries(
+        self, filters: SessionFilter, limit: int = 50, offset: int = 0
+    ) -> list[dict[str, Any]]:
+        """Sessions, newest first, with their turn / token / reward / drift counts."""
+        now = time.time()
+        with self.engine.connect() as conn:
+            rows = conn.execute(summary_query(filters, limit, offset, now)).all()
+        return [summary_dict(r, now) for r in rows]
 
     # ---- completions -----------------------------------------------------------------
     def completions(self, session_id: str) -> list[dict[str, Any]]:
