@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: demo test test-fast lint setup tokenizers clean
+.PHONY: demo test test-fast lint setup tokenizers browser-setup clean
 
 setup: $(STAMP)
 
@@ -37,7 +37,7 @@ tokenizers: setup
 demo: setup
 	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
 
-test: setup clients-setup tokenizers
+test: setup clients-setup tokenizers browser-setup
 	$(VENV)/bin/pytest -q
 
 test-fast: setup tokenizers
@@ -52,3 +52,8 @@ clean:
 
 # one virtualenv per real client package (their pins conflict): `make clients-setup`
 include tests/clients/Makefile.inc
+
+# a real headless browser for the /ui tests (tests/test_viewer.py): Debian's chromium,
+# driven by Playwright through executable_path (Playwright never downloads a browser)
+browser-setup:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)

@@ -13,6 +13,7 @@
       "version  " + (t.dataset.v === undefined ? "—" : t.dataset.v),
       t.classList.contains("trained") ? "trained" : "masked (no loss)",
     ];
+    if (t.classList.contains("partial")) lines.push("bytes of a character the next token completes");
     if (t.classList.contains("drift")) lines.push("drift: first token not extending the parent");
     tip.textContent = lines.join("\n");
     const r = t.getBoundingClientRect();
