@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,8 @@ def _cli(config: str, run_dir: Path, model: Path, *overrides: str) -> list[dict]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "policy version" in proc.stdout
+    # the run page of the gateway it trained through, with the run's own admin key
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/ui/runs/0\?key=\S+", proc.stdout)
     return _metrics(run_dir / "metrics.jsonl")
 
 

@@ -108,7 +108,8 @@ class Trainer:
         model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
         if main:
-            self.gateway = self._start_gateway(model_dir, database, admin_key)
+            self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
+            print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
         runlog: RunLog | None = None
         try:
             self.policy = self._make_policy(model_dir)
@@ -247,7 +248,19 @@ class Trainer:
             )
         return "agent", instance
 
-    def _start_gateway(self, model_dir: Path, database: Path, admin_key: str) -> Any:
+    def _dashboard_url(self, admin_key: str) -> str:
+        """The /ui run page of this run. The key is in the URL only when the trainer made
+        it up (it lives as long as the run); a configured key the user already has."""
+        base = self.gateway.url.removesuffix("/v1")
+        index = len(self.gateway.config.run_dirs) - 1
+        url = f"{base}/ui/runs/{index}"
+        if self.config.gateway.admin_key is None:
+            url += f"?key={admin_key}"
+        return url
+
+    def _start_gateway(
+        self, model_dir: Path, database: Path, admin_key: str, run_dir: Path | None = None
+    ) -> Any:
         from dataclasses import replace
 
         from gateway.inference.registry import INFERENCE_ENGINES, engine_spec
@@ -265,6 +278,8 @@ class Trainer:
             admin_key=admin_key,
             model=str(model_dir),
             device=self.config.device,
+            # the /ui run page charts this run's metrics.jsonl while it trains
+            run_dirs=[*self.config.gateway.run_dirs, *([str(run_dir)] if run_dir else [])],
         )
         return BackgroundGateway(gw_cfg).start()
 
@@ -579,6 +594,7 @@ class Trainer:
         rewards = [ep.reward for ep in episodes if ep.reward is not None]
         completions = sum(ep.num_completions for ep in episodes)
         samples = [s for ep in episodes for s in ep.samples]
+        trained = sum(len(s.get("input_ids") or ()) for s in samples)
         row: dict[str, Any] = {
             "step": step + 1,
             "policy_version": self.version,
@@ -591,6 +607,9 @@ class Trainer:
             "turns_per_episode": completions / max(1, len(episodes)),
             "rollout_wait_s": wait_s,
             "step_s": step_s,
+            # packed tokens trained this step, per second of the step's training part
+            "train_tokens": trained,
+            "train_tokens_per_s": trained / max(step_s - wait_s, 1e-9),
             "world_size": distributed.world_size(),
             "data_rows": data_rows,
         }
