@@ -128,6 +128,12 @@ class Repository:
             for r in rows
         ]
 
+    def count_active_sessions(self) -> int:
+        s = SessionRow.__table__
+        q = select(func.count()).where(s.c.ended_at.is_(None), s.c.expires_at > time.time())
+        with self.engine.connect() as conn:
+            return int(conn.execute(q).scalar_one())
+
     def session_summaries(
         self, filters: SessionFilter, limit: int = 50, offset: int = 0
     ) -> list[dict[str, Any]]:

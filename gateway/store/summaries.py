@@ -43,9 +43,9 @@ def _counts() -> Any:
             func.sum(c.c.prompt_tokens).label("prompt_tokens"),
             func.sum(c.c.completion_tokens).label("completion_tokens"),
             func.sum(case((c.c.tokens_continue_parent == false(), 1), else_=0)).label("drifted"),
-            func.sum(
-                case((or_(failures > 0, c.c.finish_reason == "abort"), 1), else_=0)
-            ).label("errors"),
+            func.sum(case((or_(failures > 0, c.c.finish_reason == "abort"), 1), else_=0)).label(
+                "errors"
+            ),
         )
         .group_by(c.c.session_id)
         .subquery()
