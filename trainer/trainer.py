@@ -38,6 +38,7 @@ from trainer.rollout.agent_runner import Episode
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
 from trainer.run_log import RunLog, mean
+from trainer.trackers import make_trackers
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,15 @@ class Trainer:
             start_step = self._resume(order)
             if main:
                 self._announce_estimate(start_step, bool(eval_rows))
-                runlog = RunLog(run_dir, start_step=start_step, tensorboard=cfg.tensorboard)
+                t = cfg.trackers
+                trackers = make_trackers(
+                    cfg.tracker_backends(),
+                    {"tensorboard": t.tensorboard, "wandb": t.wandb, "trackio": t.trackio},
+                    run_dir,
+                    _without_secrets(cfg.to_dict()),
+                    start_step,
+                )
+                runlog = RunLog(run_dir, start_step=start_step, trackers=trackers)
                 asyncio.run(
                     self._main_loop(
                         kind, agent, rows, order, admin_key, runlog, start_step, eval_rows
@@ -620,6 +629,11 @@ class Trainer:
             row["concat_samples"] = len(samples)
         row.update(stats or {})
         return row
+
+
+def _without_secrets(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's configuration as trackers store it: no admin key."""
+    return {**config, "gateway": {**config["gateway"], "admin_key": None}}
 
 
 def _is_number(value: Any) -> bool:
