@@ -2,8 +2,8 @@
 
 Each gateway has its own registry (tests and the trainer run several in one process).
 Counters named by the serving code (`inc("turnstile_..._total")`) are made on first
-use, so a count that never happened is absent rather than 0, as before; the
-histograms and gauges below are declared once. docs/gateway.md lists them all.
+use (the per-cause ones: a cause that never happened is absent); those a dashboard
+charts are declared up front at 0, as are the histograms and gauges. docs/gateway.md lists them all.
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ disable_created_metrics()
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# counters a dashboard charts: present (at 0) from the start, not only once they count
+DECLARED_COUNTERS = (
+    "turnstile_completions_total",
+    "turnstile_prompt_tokens_total",
+    "turnstile_completion_tokens_total",
+    "turnstile_prompt_drift_total",
+    "turnstile_tool_call_parse_failures_total",
+    "turnstile_engine_errors_total",
+    "turnstile_record_failures_total",
+    "turnstile_rejected_requests_total",
+    "turnstile_rewards_total",
+    "turnstile_sessions_created_total",
+)
 
 
 class Metrics:
@@ -67,6 +80,14 @@ class Metrics:
         )
         self.record_batches = Gauge(
             "turnstile_record_batches", "commits those records took", registry=r
+        )
+        for name in DECLARED_COUNTERS:
+            self.inc(name, 0.0)
+        self._histograms["turnstile_completion_seconds"] = Histogram(
+            "turnstile_completion_seconds",
+            "one answer, from its request being prepared to its record committed",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
 
     def inc(self, name: str, value: float = 1.0) -> None:

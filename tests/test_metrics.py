@@ -4,11 +4,13 @@ active sessions, in a format Prometheus' own parser reads."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gateway_helpers import FAKE_REPLY, WEATHER, admin_headers, bearer, http_client
 from prometheus_client.parser import text_string_to_metric_families
 
+REPO = Path(__file__).resolve().parent.parent
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
@@ -80,3 +82,20 @@ def test_unknown_paths_share_one_label(fake_gateway):
     unmatched = [k for k in m if k[0] == "turnstile_http_request_seconds_count"
                  and ("endpoint", "unmatched") in k[1]]  # fmt: skip
     assert len(unmatched) == 1 and m[unmatched[0]] == 3
+
+
+def test_grafana_dashboard_queries_only_exported_metrics(fake_gateway, new_session):
+    """deploy/grafana/turnstile-gateway.json charts series this gateway really serves
+    (at 0 before any traffic where they are counters), under their exported names."""
+    import json
+    import re
+
+    dashboard = json.loads((REPO / "deploy/grafana/turnstile-gateway.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {m for e in exprs for m in re.findall(r"turnstile_[a-z_]+", e)}
+    _, key = new_session(fake_gateway)
+    with http_client() as http:
+        chat(http, fake_gateway, key, QUESTION)
+    exported = {name for name, _ in scrape(fake_gateway)}
+    assert len(queried) >= 12 and queried <= exported, queried - exported
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
