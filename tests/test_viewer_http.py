@@ -1,0 +1,75 @@
+"""The viewer over plain HTTP (fast; the browser tests are in test_viewer.py): the
+vendored chart library is the pinned npm release and nothing outside its folder is
+served; the errors filter finds a session whose tool call did not parse; bad input is
+a clear error page and the gateway keeps serving."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import httpx
+from gateway_helpers import ADMIN_KEY, WEATHER, admin_headers, bearer, http_client
+
+from gateway.ui.routes import STATIC
+
+PINNED = {
+    "uPlot.iife.min.js": "19c8d4c6ad88929a79f4ae49d6f7161566dfd0ba3d15cc495e974f787eb78f1f",
+    "uPlot.min.css": "df630c6a8d6f8eeaff264b50f73ce5b114f646ffd9a0bb74f049b0a00135fa04",
+}
+
+
+def test_vendored_uplot_is_the_pinned_release():
+    for name, digest in PINNED.items():
+        assert hashlib.sha256((STATIC / "vendor" / name).read_bytes()).hexdigest() == digest
+    head = (STATIC / "vendor" / "uPlot.iife.min.js").read_text()[:200]
+    assert re.search(r"uPlot", head)
+
+
+def test_static_files_served_and_paths_confined(fake_gateway):
+    base = fake_gateway.url.removesuffix("/v1")
+    r = httpx.get(f"{base}/ui/static/vendor/uPlot.iife.min.js")
+    assert r.status_code == 200 and "javascript" in r.headers["content-type"]
+    assert hashlib.sha256(r.content).hexdigest() == PINNED["uPlot.iife.min.js"]
+    for bad in ("../routes.py", "..%2Froutes.py", "vendor/../../routes.py", "nope.js"):
+        assert httpx.get(f"{base}/ui/static/{bad}").status_code == 404
+
+
+def test_errors_filter_and_bad_input(fake_gateway, new_session):
+    base = fake_gateway.url.removesuffix("/v1") + "/ui"
+    broken, key = new_session(fake_gateway, metadata={"agent": "a"})
+    clean, _ = new_session(fake_gateway, metadata={"agent": "b"})
+    fake_gateway.engine.script('<tool_call>\n{"name": "get_weather", oops}\n</tool_call>')
+    with http_client() as http:
+        r = http.post(
+            f"{fake_gateway.url}/chat/completions",
+            headers=bearer(key),
+            json={"model": "default", "messages": [{"role": "user", "content": "Hi"}],
+                  "tools": [WEATHER]},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        page = http.get(f"{base}/sessions?errors=yes", headers=admin_headers()).text
+        assert broken in page and clean not in page
+        page = http.get(f"{base}/sessions?errors=no", headers=admin_headers()).text
+        assert clean in page and broken not in page
+        assert broken in http.get(f"{base}/sessions?meta=agent=a", headers=admin_headers()).text
+        for url, status, says in [
+            (
+                f"/sessions/{broken}?turn_discount=2",
+                400,
+                "turn_discount must be a number in [0, 1]",
+            ),
+            (f"/sessions/{broken}?turn_discount=abc", 400, "turn_discount must be"),
+            (f"/sessions/{broken}?style=nope", 400, "Unknown export style"),
+            ("/sessions/sess-unknown", 404, "No session"),
+            ("/sessions?meta=novalue", 400, "key=value"),
+            ("/runs/7", 404, "No run 7"),
+        ]:
+            r = http.get(base + url, headers=admin_headers())
+            assert r.status_code == status and says in r.text, (url, r.status_code, r.text[:300])
+        r = http.get(f"{base}/sessions/{broken}", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "admin key" in r.text
+        r = http.get(f"{base}/runs/0/metrics.json")
+        assert r.status_code == 401
+        assert http.get(f"{base}/sessions/{broken}", headers=admin_headers()).status_code == 200
+    assert ADMIN_KEY not in page  # the key never lands in a page
