@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from html import escape
 from typing import Any
 
 from gateway.samples import NoRewardError, Sample, export_session, trainable
@@ -37,7 +38,6 @@ class Turn:
     children: list[str]
     record: dict[str, Any]
     shown_from: int  # prompt tokens before this index repeat the parent's; not spelled out
-    shared_text: str
     tokens: list[Token]
     in_export: bool
     reward: float | None
@@ -47,6 +47,10 @@ class Turn:
     tool_calls: list[dict[str, str]] = field(default_factory=list)
     reasoning: str | None = None
     content: str | None = None
+
+    def html(self, part: str) -> str:
+        """The prompt's or the output's token spans."""
+        return spans_html([t for t in self.tokens if t.part == part])
 
 
 @dataclass(slots=True)
@@ -181,28 +185,32 @@ def _turn(
         elif prompt[: len(before)] == before:
             shown_from = len(before)
     sample, ret = cover.get(c["id"], (None, None))
-    n = len(ids)
-    mask = sample.loss_mask[:n] if sample else [0] * len(prompt) + [0] * len(output)
-    lps: list[float | None] = list(sample.logprobs[:n]) if sample else [None] * n
-    vers: list[int | None] = list(sample.versions[:n]) if sample else [None] * n
+    n, start, cut = len(ids), shown_from, len(prompt)
+    # only from `shown_from` on: what is before it is the parent's, shown on its card
+    mask = sample.loss_mask[start:n] if sample else [0] * (n - start)
+    lps: list[float | None] = list(sample.logprobs[start:n]) if sample else [None] * (n - start)
+    vers: list[int | None] = list(sample.versions[start:n]) if sample else [None] * (n - start)
     # output tokens always carry their own recorded logprob and version
     for k, (lp, v) in enumerate(zip(c["output_logprobs"], c["output_versions"], strict=False)):
-        lps[len(prompt) + k], vers[len(prompt) + k] = lp, v
-    words = texts.texts(ids[shown_from:])
+        if cut + k >= start:
+            lps[cut + k - start], vers[cut + k - start] = lp, v
+    words = texts.texts(ids[start:])
+    at = drift.get("at") if drift else None
     tokens = []
-    for k in range(shown_from, n):
-        lp = lps[k] if (k >= len(prompt) or mask[k]) else None
+    for k in range(start, n):
+        j = k - start
+        lp = lps[j] if (k >= cut or mask[j]) else None
         tokens.append(
             Token(
                 index=k,
                 id=ids[k],
-                text=words[k - shown_from],
-                part="output" if k >= len(prompt) else "prompt",
-                trained=bool(mask[k]),
+                text=words[j],
+                part="output" if k >= cut else "prompt",
+                trained=bool(mask[j]),
                 logprob=lp,
-                version=vers[k] if lp is not None and vers[k] not in (None, -1) else None,
+                version=vers[j] if lp is not None and vers[j] not in (None, -1) else None,
                 band=logprob_band(lp),
-                drift=bool(drift) and k == drift.get("at"),
+                drift=k == at,
             )
         )
     calls, reasoning, content = _said(c)
@@ -213,7 +221,6 @@ def _turn(
         children=children,
         record=c,
         shown_from=shown_from,
-        shared_text=texts.text(prompt[:shown_from]) if shown_from else "",
         tokens=tokens,
         in_export=sample is not None,
         reward=c.get("reward"),
@@ -224,3 +231,23 @@ def _turn(
         reasoning=reasoning,
         content=content,
     )
+
+
+def spans_html(tokens: list[Token]) -> str:
+    """The tokens as `<span>`s (written here rather than by a Jinja macro: a long
+    session has tens of thousands of them, and a macro call each is ~20x slower).
+    docs/viewer.md explains the classes."""
+    out = []
+    for t in tokens:
+        cls = f"tok {'trained' if t.trained else 'masked'} b{t.band}"
+        if t.drift:
+            cls += " drift"
+        if not t.text:
+            cls += " partial"
+        attrs = f' data-i="{t.index}" data-id="{t.id}"'
+        if t.logprob is not None:
+            attrs += f' data-lp="{t.logprob:.4f}"'
+        if t.version is not None:
+            attrs += f' data-v="{t.version}"'
+        out.append(f'<span class="{cls}"{attrs}>{escape(t.text, quote=False)}</span>')
+    return "".join(out)
