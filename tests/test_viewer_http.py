@@ -73,3 +73,23 @@ def test_errors_filter_and_bad_input(fake_gateway, new_session):
         assert r.status_code == 401
         assert http.get(f"{base}/sessions/{broken}", headers=admin_headers()).status_code == 200
     assert ADMIN_KEY not in page  # the key never lands in a page
+
+
+def test_reasoning_shown_as_such(gateway_factory, new_session):
+    """An answer with a <think> block: the page shows the reasoning apart, as parsed."""
+    gw = gateway_factory(config={"reasoning_parser": "deepseek_r1"})
+    sid, key = new_session(gw)
+    gw.engine.script("Two and two make four.</think>It is 4.")
+    with http_client() as http:
+        r = http.post(
+            f"{gw.url}/chat/completions",
+            headers=bearer(key),
+            json={"model": "default", "messages": [{"role": "user", "content": "2+2?"}]},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["reasoning_content"] == "Two and two make four."
+        page = http.get(f"{gw.url.removesuffix('/v1')}/ui/sessions/{sid}", headers=admin_headers())
+    assert (
+        '<details class="reasoning" open><summary>reasoning</summary><pre>Two and two make four.</pre>'
+        in page.text
+    )
