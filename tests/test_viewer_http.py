@@ -93,3 +93,19 @@ def test_reasoning_shown_as_such(gateway_factory, new_session):
         '<details class="reasoning" open><summary>reasoning</summary><pre>Two and two make four.</pre>'
         in page.text
     )
+
+
+def test_sessions_list_is_paged(fake_gateway, new_session):
+    from gateway.ui.routes import PAGE_SIZE
+
+    made = {new_session(fake_gateway)[0] for _ in range(PAGE_SIZE + 1)}
+    base = fake_gateway.url.removesuffix("/v1") + "/ui/sessions"
+    with http_client() as http:
+        first = http.get(f"{base}?status=active", headers=admin_headers()).text
+        second = http.get(f"{base}?status=active&page=2", headers=admin_headers()).text
+        assert http.get(f"{base}?page=0", headers=admin_headers()).status_code == 400
+    rows = lambda html: set(re.findall(r'data-session="(sess-[0-9a-f]+)"', html))  # noqa: E731
+    assert len(rows(first)) == PAGE_SIZE and len(rows(second)) == 1
+    assert rows(first) | rows(second) == made
+    assert 'href="/ui/sessions?status=active&amp;page=2" id="next"' in first
+    assert 'id="prev"' in second and 'id="next"' not in second
