@@ -24,7 +24,7 @@ Q1 = [{"role": "user", "content": "What colour is the sky? Answer in one sentenc
 RUN_ROWS = [
     {"step": s, "policy_version": s, "reward_mean": 0.2 + 0.1 * s, "reward_max": 1.0,
      "loss": 0.5 / s, "approx_kl": 0.001 * s, "clip_frac": 0.02 * s, "staleness_mean": 0.5,
-     "staleness_max": 1.0, "train_tokens_per_s": 900.0 + s, "step_s": 10.0 + s, "rollout_wait_s": 2.0}
+     "staleness_max": 1.0, "packed_tokens_per_s": 900.0 + s, "trained_tokens_per_s": 300.0, "step_s": 10.0 + s, "rollout_wait_s": 2.0}
     for s in (1, 2, 3)
 ]  # fmt: skip
 
@@ -282,7 +282,7 @@ def test_run_page_charts_metrics_and_refreshes(gateway, run_dir, page, tmp_path)
         "Loss",
         "KL and clip fraction",
         "Staleness (policy versions)",
-        "Trained tokens per second",
+        "Tokens per second (update)",
         "Step times (s)",
     ]
     assert page.locator(".chart canvas").count() == 6  # uPlot drew each

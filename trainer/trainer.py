@@ -603,7 +603,6 @@ class Trainer:
         rewards = [ep.reward for ep in episodes if ep.reward is not None]
         completions = sum(ep.num_completions for ep in episodes)
         samples = [s for ep in episodes for s in ep.samples]
-        trained = sum(len(s.get("input_ids") or ()) for s in samples)
         row: dict[str, Any] = {
             "step": step + 1,
             "policy_version": self.version,
@@ -616,9 +615,6 @@ class Trainer:
             "turns_per_episode": completions / max(1, len(episodes)),
             "rollout_wait_s": wait_s,
             "step_s": step_s,
-            # packed tokens trained this step, per second of the step's training part
-            "train_tokens": trained,
-            "train_tokens_per_s": trained / max(step_s - wait_s, 1e-9),
             "world_size": distributed.world_size(),
             "data_rows": data_rows,
         }
@@ -628,6 +624,9 @@ class Trainer:
             )
             row["concat_samples"] = len(samples)
         row.update(stats or {})
+        if row.get("train_s"):  # throughput of the update itself (the run page charts it)
+            row["packed_tokens_per_s"] = row.get("packed_tokens", 0.0) / row["train_s"]
+            row["trained_tokens_per_s"] = row.get("trained_tokens", 0.0) / row["train_s"]
         return row
 
 

@@ -6,7 +6,7 @@
     ["Loss", ["loss"]],
     ["KL and clip fraction", ["approx_kl", "clip_frac"]],
     ["Staleness (policy versions)", ["staleness_mean", "staleness_max"]],
-    ["Trained tokens per second", ["train_tokens_per_s"]],
+    ["Tokens per second (update)", ["packed_tokens_per_s", "trained_tokens_per_s"]],
     ["Step times (s)", ["step_s", "rollout_wait_s", "weight_sync_s", "checkpoint_s"]],
   ];
   const COLORS = ["#2f6fd6", "#d6572f", "#2a9d4b", "#9b4dd6"];
