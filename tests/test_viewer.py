@@ -314,3 +314,54 @@ def test_tool_calls_shown_as_such(fake_gateway, new_session, browser):
     assert 'get_weather({"city": "Paris"})' in call
     assert "tool call" in page.locator("nav.tree").inner_text()
     context.close()
+
+
+def test_run_page_follows_a_real_training_run(tmp_path, tokenizer, browser):
+    """`turnstile train` prints its run page; opened while it trains (a tiny model, the
+    ReMax example), the page shows the steps as they are made."""
+    import os
+    import queue
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    from trainer_helpers import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", tokenizer)
+    run_dir, steps = tmp_path / "run", 8
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.cli", "train", "--config", "agents/remax.yaml",
+         f"run_dir={run_dir}", f"model={model}", "tensorboard=false", f"total_steps={steps}",
+         "rollout.batch_size=2", "workflow_kwargs.gconfig.max_new_tokens=16"],
+        cwd=Path(__file__).resolve().parent.parent, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    try:
+        url = None
+        while url is None:
+            found = re.match(r"dashboard: (http://127\.0\.0\.1:\d+/ui/runs/\d+\?key=\S+)", lines.get(timeout=300))  # fmt: skip
+            url = found and found.group(1)
+        context = browser.new_context()  # a plain browser: the key comes in the link
+        page = context.new_page()
+        page.goto(url)
+        assert "key=" not in page.url  # moved into the cookie
+        # the page is open before the first step (the model is still loading) ...
+        page.wait_for_selector("#status[data-steps]")
+        seen = {int(page.locator("#status").get_attribute("data-steps"))}
+        while proc.poll() is None and len(seen) < 3:
+            page.wait_for_timeout(500)
+            seen.add(int(page.locator("#status").get_attribute("data-steps")))
+        # ... and shows the steps made since, without a reload, while the run trains
+        assert len(seen) >= 2 and max(seen) > 0 and max(seen) <= steps, seen
+        assert page.locator("#chart-reward canvas").count() == 1
+        context.close()
+        assert proc.wait(timeout=600) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == steps
