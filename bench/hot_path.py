@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import datetime as dt
 import json
 import os
@@ -40,6 +41,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -212,6 +214,7 @@ class Bench:
         self.conversations = 0
         self.runs: list[Run] = []
         self.profile: list[str] = []
+        self.long_profile: list[str] = []
         self.long: list[LongRun] = []
 
     def pin(self, core: int, argv: list[str]) -> list[str]:
@@ -247,30 +250,34 @@ class Bench:
         for sessions in self.args.levels:
             self.runs.append(await self.measure(server, path, url, sessions))
         if path == GATEWAY and self.args.profile:
-            raw = self.work / "profile.txt"
-            spy = subprocess.Popen(
-                [
-                    _py_spy(),
-                    "record",
-                    "--format",
-                    "raw",
-                    "-r",
-                    "100",
-                    "-p",
-                    str(server.pid),
-                    "-o",
-                    str(raw),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            await self.measure(server, path, url, max(self.args.levels))
-            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT, not SIGTERM
-            spy.wait(timeout=60)
+            with self.sampled(server, "profile.txt") as raw:
+                await self.measure(server, path, url, max(self.args.levels))
             self.profile = profile_table(raw)
         if self.args.long:
             for sessions in self.args.levels:
+                if path == GATEWAY and self.args.profile and sessions == max(self.args.levels):
+                    with self.sampled(server, "profile-long.txt") as raw:
+                        self.long.append(await self.long_run(server, path, url, sessions))
+                    self.long_profile = profile_table(raw)
+                    continue
                 self.long.append(await self.long_run(server, path, url, sessions))
+
+    @contextlib.contextmanager
+    def sampled(self, server: Child, name: str) -> Iterator[Path]:
+        """py-spy samples `server` while the block runs; its raw stacks stay in runs/bench/."""
+        raw = ROOT / "runs" / "bench" / name
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        spy = subprocess.Popen(
+            [_py_spy(), "record", "--format", "raw", "-r", "100", "-p", str(server.pid),
+             "-o", str(raw)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            yield raw
+        finally:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT, not SIGTERM
+            spy.wait(timeout=60)
 
     async def long_run(self, server: Child, path: str, url: str, sessions: int) -> LongRun:
         """`--long-turns`-turn sessions in lockstep; CPU per request read after each turn."""
@@ -395,7 +402,11 @@ class Bench:
             lines.append(f"| {r.result.concurrency} | {r.path} | "
                          + " | ".join(f"{v:.2f}" for v in b)
                          + f" | {b[-1] / b[0]:.1f}x | {vs:.2f}x | {r.rss / 2**20:.0f} |")  # fmt: skip
-        lines += ["", self.storage_line(db), "", LONG_END]
+        lines += ["", self.storage_line(db), ""]
+        if self.long_profile:
+            lines += [f"py-spy, gateway, long sessions at {max(self.args.levels)}:", "",
+                      *self.long_profile, ""]  # fmt: skip
+        lines.append(LONG_END)
         return "\n".join(lines)
 
     def storage_line(self, db: Path) -> str:

@@ -14,6 +14,7 @@ from gateway.auth import KeyRing
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
+from gateway.entrypoints.anthropic.messages import api_router as messages
 from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
 from gateway.entrypoints.openai.completion import api_router as completion
@@ -30,7 +31,7 @@ from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 # Every route of the gateway; a new endpoint is one folder plus one line here.
-ROUTERS = (chat_completion, completion, responses, models, sessions, rewards, health, ui)
+ROUTERS = (chat_completion, completion, responses, messages, models, sessions, rewards, health, ui)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def create_app(
         finally:
             await state.engine.close()
             state.recorder.stop()
+            state.repo.engine.dispose()  # give a shared PostgreSQL its connections back
 
     app = FastAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state

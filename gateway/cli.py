@@ -131,6 +131,11 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--style", default="individual", choices=sorted(EXPORT_STYLES))
     p.add_argument("--turn-discount", type=float, default=1.0)
+    p.add_argument(
+        "--include-side-requests",
+        action="store_true",
+        help="also export clients' side requests (e.g. Claude Code's title generation)",
+    )
     p.add_argument("--limit", type=int, default=100000)
 
 
@@ -143,7 +148,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         for s in repo.list_sessions(limit=args.limit):
             try:
                 samples = export_session(
-                    s["id"], repo.completions(s["id"]), args.style, args.turn_discount
+                    s["id"],
+                    repo.completions(s["id"]),
+                    args.style,
+                    args.turn_discount,
+                    args.include_side_requests,
                 )
             except NoRewardError:
                 skipped += 1

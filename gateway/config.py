@@ -61,6 +61,11 @@ class GatewayConfig:
     request_timeout_s: float = _field(
         600.0, "longest an engine may take for one answer (then 503)", flag="--request-timeout"
     )
+    fake_delay_s: float = _field(
+        0.0,
+        "the fake engine's time to answer, seconds (a stand-in for decoding in load and "
+        "fault tests: retries that arrive while the original is still generating)",
+    )
     max_body_bytes: int = _field(16 * 1024 * 1024, "larger request bodies get a 413")
     max_pending_requests: int = _field(1024, "choices generating at once; more get a 429")
     max_n: int = _field(16, "largest `n` (choices per request); more get a 422")

@@ -1,14 +1,24 @@
-"""OpenAI-shaped errors: every failure answers `{"error": {message, type, param, code}}`."""
+"""Errors in the shape of the API that was called.
+
+Every failure answers OpenAI's `{"error": {message, type, param, code}}`, except on the
+routes of an API with a shape of its own, registered by path prefix with
+`register_error_shape` (the Anthropic Messages routes answer
+`{"type": "error", "error": {type, message}}`). One hook serves every way an error
+is made: an `APIError` raised by a handler, a body that does not validate, an unknown
+path, an unexpected exception, a body over the size limit.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.reward_values import finite_reward
@@ -51,10 +61,34 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+# how long a client is asked to wait before retrying while the store is unavailable
+STORE_RETRY_AFTER_S = 2
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Is this the store failing (server down or restarting, connection lost, SQLite
+    file read-only or its disk full), not a bug in a query?"""
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+
+
+def store_unavailable_error(exc: BaseException) -> APIError:
+    log.warning("store unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+    return APIError(
+        503,
+        "The session store is unavailable; nothing was recorded. Retry shortly.",
+        code="store_unavailable",
+        headers={"retry-after": str(STORE_RETRY_AFTER_S)},
+    )
+
+
 def as_api_error(exc: BaseException) -> APIError:
     """Any failure inside a request, as the error its client is told about."""
     if isinstance(exc, APIError):
         return exc
+    if store_unavailable(exc):
+        return store_unavailable_error(exc)
     if isinstance(exc, asyncio.CancelledError):
         return APIError(503, "the request was cancelled", code="cancelled")
     log.error("request failed", exc_info=exc)
@@ -74,20 +108,33 @@ def error_body(
     }
 
 
-def error_response(exc: APIError) -> JSONResponse:
+def error_response(exc: APIError, path: str = "") -> JSONResponse:
+    """The error as the API at `path` answers it (OpenAI's shape unless registered)."""
+    for prefix, shape in _SHAPES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape(exc)
     headers = {**exc.headers, "x-should-retry": "true" if exc.retryable else "false"}
     return JSONResponse(
         error_body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=headers
     )
 
 
+ErrorShape = Callable[[APIError], JSONResponse]
+_SHAPES: list[tuple[str, ErrorShape]] = []
+
+
+def register_error_shape(prefix: str, shape: ErrorShape) -> None:
+    """Answer errors on the routes under `prefix` (e.g. "/v1/messages") with `shape`."""
+    _SHAPES[:] = [(p, s) for p, s in _SHAPES if p != prefix] + [(prefix, shape)]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
@@ -101,12 +148,22 @@ def install_error_handlers(app: FastAPI) -> None:
                 f"{msg}" + (f" (at {param})" if param else ""),
                 code="invalid_request",
                 param=param,
-            )
+            ),
+            request.url.path,
         )
 
+    @app.exception_handler(DBAPIError)
+    async def _store(_: Request, exc: DBAPIError) -> JSONResponse:
+        if store_unavailable(exc):
+            return error_response(store_unavailable_error(exc))
+        log.error("store query failed", exc_info=exc)
+        return error_response(APIError(500, "internal error: store query failed"))
+
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(exc.status_code, str(exc.detail), code=None))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(
+            APIError(exc.status_code, str(exc.detail), code=None), request.url.path
+        )
 
     # Not `exception_handler(Exception)`: Starlette runs that one in its outermost
     # middleware and re-raises afterwards, which makes uvicorn drop the keep-alive
@@ -139,7 +196,8 @@ class _CatchUnexpected:
                 raise
             log.exception("unhandled error")
             response = error_response(
-                APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+                APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"),
+                scope.get("path", ""),
             )
             await response(scope, receive, send)
 
@@ -170,7 +228,7 @@ class BodySizeLimit:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None:
             if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._too_large()(scope, receive, send)
+                await self._too_large(scope)(scope, receive, send)
                 return
             await self.app(scope, receive, send)  # the server enforces the declared length
             return
@@ -182,7 +240,7 @@ class BodySizeLimit:
                 return  # the client went away
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                await self._too_large()(scope, receive, send)
+                await self._too_large(scope)(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
@@ -205,5 +263,5 @@ class BodySizeLimit:
             retryable=False,
         )
 
-    def _too_large(self) -> JSONResponse:
-        return error_response(self._error())
+    def _too_large(self, scope: Any) -> JSONResponse:
+        return error_response(self._error(), scope.get("path", ""))

@@ -22,3 +22,8 @@ def dumps(data: Any) -> bytes:
 def dumps_text(data: Any) -> str:
     """For a library that wants `str` (SQLAlchemy's JSON columns)."""
     return orjson.dumps(data).decode()
+
+
+def dumps_sorted(data: Any) -> bytes:
+    """Canonical bytes for hashing: keys sorted, anything unusual written as its str."""
+    return orjson.dumps(data, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)

@@ -17,10 +17,52 @@ os.environ.setdefault("TURNSTILE_CACHE", str(REPO / ".cache"))
 from gateway_helpers import ADMIN_KEY, FAKE_REPLY, create_session, http_client  # noqa: E402
 
 import gateway.app  # noqa: E402
+from bench.postgres import PostgresServer  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.inference.fake import FakeEngine  # noqa: E402
 from gateway.inference.model_source import load_tokenizer, resolve_model_dir  # noqa: E402
 from gateway.server import BackgroundGateway  # noqa: E402
+
+STORE_BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked `both_stores` that use a store run once on SQLite, once on PostgreSQL."""
+    if "store_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_stores"
+    ):
+        metafunc.parametrize("store_backend", STORE_BACKENDS, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server for the whole run (started on first use).
+
+    fsync is off: these tests kill gateways, not the machine.
+    """
+    with PostgresServer(fsync=False) as server:
+        yield server
+
+
+@pytest.fixture
+def store_backend(request: pytest.FixtureRequest) -> str:
+    """`sqlite` unless the test is marked `both_stores` (then both, in turn)."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def new_database(
+    store_backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[[], str]:
+    """`new_database()`: a new, empty store of this test's backend (a path or a URL)."""
+    count = iter(range(1_000_000))
+
+    def make() -> str:
+        if store_backend == "postgresql":
+            return request.getfixturevalue("postgres").create_database()
+        return str(tmp_path / f"t{next(count)}.db")
+
+    return make
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +88,9 @@ def new_session() -> Callable[..., tuple[str, str]]:
 
 
 @pytest.fixture
-def gateway_factory(tmp_path, tokenizer, monkeypatch) -> Iterator[Callable[..., BackgroundGateway]]:
+def gateway_factory(
+    new_database, tokenizer, monkeypatch
+) -> Iterator[Callable[..., BackgroundGateway]]:
     """Start gateways backed by a FakeEngine that answers FAKE_REPLY in real token ids.
 
     `engine.script("text", ...)` makes it answer the next requests with those texts.
@@ -66,11 +110,13 @@ def gateway_factory(tmp_path, tokenizer, monkeypatch) -> Iterator[Callable[..., 
         )
         engine = FakeEngine(**engine_kwargs)
         config = GatewayConfig(
-            port=0,
-            database=str(tmp_path / f"t{len(started)}.db"),
-            admin_key=ADMIN_KEY,
-            engine="fake",
-            **(config or {}),
+            **{
+                "port": 0,
+                "database": new_database(),
+                "admin_key": ADMIN_KEY,
+                "engine": "fake",
+                **(config or {}),
+            }
         )
         gw = BackgroundGateway(config, engine=engine).start()
         started.append(gw)

@@ -46,7 +46,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from gateway.server import free_port
+# bench.procs, not gateway.server: run as its own process, this starts in a second,
+# without importing the gateway (torch, transformers)
+from bench.procs import free_port
 
 
 def _dumps(obj: Any) -> bytes:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import openai
+import sqlalchemy as sa
 
 from gateway.server import BackgroundGateway
+from gateway.store.database import database_url
 
 ADMIN_KEY = "admin-test"
 FAKE_REPLY = "The answer is 4."
@@ -91,3 +95,15 @@ def completion_record(gateway: BackgroundGateway, session_id: str, cid: str) -> 
     by_id = {c["id"]: c for c in read_session(gateway, session_id)["completions"]}
     assert cid in by_id, f"completion {cid} was not recorded"
     return by_id[cid]
+
+
+@contextmanager
+def store_connection(database: str) -> Iterator[sa.Connection]:
+    """A plain SQLAlchemy connection to a gateway's store (SQLite path or PostgreSQL URL),
+    to look at what was really committed, behind the gateway's back."""
+    engine = sa.create_engine(database_url(database))
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()

@@ -22,6 +22,7 @@ def test_lru_keeps_the_most_recently_used() -> None:
         LRU(0)
 
 
+@pytest.mark.both_stores
 def test_turns_link_after_their_parent_left_a_tiny_cache(gateway_factory, new_session) -> None:
     gw = gateway_factory({"parent_cache_size": 1, "key_cache_size": 1})
     sessions = [new_session(gw) for _ in range(3)]
@@ -54,6 +55,7 @@ def test_lru_bounded_by_weight_evicts_the_oldest_first() -> None:
     assert len(cache) == 0 and cache.weight == 0
 
 
+@pytest.mark.both_stores
 def test_a_parent_too_heavy_for_the_cache_is_rebuilt_from_the_store(
     gateway_factory, new_session
 ) -> None:

@@ -174,6 +174,7 @@ def post_raw(http, gateway, key, body: bytes, retry: int | None = None):
     return http.post(f"{gateway.url}/chat/completions", headers=headers, content=body)
 
 
+@pytest.mark.both_stores
 def test_retry_with_the_same_body_is_not_a_second_sample(fake_gateway, new_session, http):
     session_id, key = new_session(fake_gateway)
     body = json.dumps({"messages": QUESTION, "logprobs": True}).encode()
@@ -195,6 +196,7 @@ def test_retry_with_the_same_body_is_not_a_second_sample(fake_gateway, new_sessi
     assert len(read_session(fake_gateway, session_id)["completions"]) == 3
 
 
+@pytest.mark.both_stores
 def test_retry_of_another_session_body_is_generated_afresh(fake_gateway, new_session, http):
     _, key_a = new_session(fake_gateway)
     _, key_b = new_session(fake_gateway)
@@ -204,6 +206,7 @@ def test_retry_of_another_session_body_is_generated_afresh(fake_gateway, new_ses
     assert a.json()["id"] != b.json()["id"]
 
 
+@pytest.mark.both_stores
 async def test_retry_while_the_original_still_runs_waits_for_it(gateway_factory, new_session):
     gw = gateway_factory(delay_s=0.5)
     session_id, key = new_session(gw)
@@ -222,6 +225,7 @@ async def test_retry_while_the_original_still_runs_waits_for_it(gateway_factory,
     assert len(read_session(gw, session_id)["completions"]) == 1
 
 
+@pytest.mark.both_stores
 def test_openai_sdk_retry_after_client_timeout_is_deduplicated(gateway_factory, new_session):
     """The real SDK times out, retries with the same body, and gets the original answer."""
     gw = gateway_factory(delay_s=0.8)
@@ -234,6 +238,7 @@ def test_openai_sdk_retry_after_client_timeout_is_deduplicated(gateway_factory, 
     assert len(gw.engine.calls) == 1
 
 
+@pytest.mark.both_stores
 def test_streamed_retry_is_replayed_as_a_stream(fake_gateway, new_session, http):
     session_id, key = new_session(fake_gateway)
     body = json.dumps({"messages": QUESTION, "stream": True}).encode()

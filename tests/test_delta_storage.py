@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from gateway_helpers import admin_headers, bearer, openai_client
+import sqlalchemy as sa
+from gateway_helpers import admin_headers, bearer, openai_client, store_connection
 
 from gateway.config import GatewayConfig
 from gateway.inference.fake import FakeEngine
 from gateway.server import BackgroundGateway
+from gateway.store.database import head_revision, migrate
 from gateway.store.delta import Full, Rebuilder, by_id, delta_columns, same, shared_prefix
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -79,7 +80,7 @@ def test_a_turn_that_continues_nothing_is_stored_whole() -> None:
     }
 
 
-def _gateway(tokenizer: Any, db: Path, admin_key: str) -> BackgroundGateway:
+def _gateway(tokenizer: Any, db: Path | str, admin_key: str) -> BackgroundGateway:
     engine = FakeEngine(
         reply_ids=tokenizer.encode("The answer is 4.", add_special_tokens=False),
         stop_id=int(tokenizer.eos_token_id),
@@ -90,10 +91,10 @@ def _gateway(tokenizer: Any, db: Path, admin_key: str) -> BackgroundGateway:
 
 
 # Keys the session read gained after the fixture was written (issue 10: the session's
-# `history` mode, per-completion `diagnostics`, parse-failure and drift counts). Only
-# these may differ; everything that was there must read back exactly.
+# `history` mode, per-completion `diagnostics`, parse-failure and drift counts; issue 11:
+# `side_request`). Only these may differ; everything that was there must read back exactly.
 LATER_SESSION_KEYS = {"history"}
-LATER_COMPLETION_KEYS = {"diagnostics"}
+LATER_COMPLETION_KEYS = {"diagnostics", "side_request"}
 LATER_STATS_KEYS = {"tool_parse_failures", "drift_causes", "prompt_drift"}
 
 
@@ -106,9 +107,36 @@ def _without_later_fields(session: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer) -> None:
+def _pre_delta_store(tmp_path: Path, store_backend: str, new_database: Any) -> str:
+    """The fixture database on this backend: the SQLite file itself, or its rows copied
+    into a PostgreSQL database migrated to the fixture's own revision (0003)."""
     db = tmp_path / "old.db"
     shutil.copy(FIXTURES / "pre_delta.db", db)
+    if store_backend == "sqlite":
+        return str(db)
+    url = new_database()
+    target = sa.create_engine(url)
+    source = sa.create_engine(f"sqlite:///{db}")
+    try:
+        migrate(target, "0003")
+        old, new = sa.MetaData(), sa.MetaData()
+        old.reflect(source)
+        new.reflect(target)
+        with source.connect() as src, target.begin() as dst:
+            for name in ("sessions", "completions"):
+                rows = [dict(r._mapping) for r in src.execute(sa.select(old.tables[name]))]
+                dst.execute(sa.insert(new.tables[name]), rows)
+    finally:
+        source.dispose()
+        target.dispose()
+    return url
+
+
+@pytest.mark.both_stores
+def test_a_pre_delta_database_reads_the_same_after_migration(
+    tmp_path, tokenizer, store_backend, new_database
+) -> None:
+    db = _pre_delta_store(tmp_path, store_backend, new_database)
     before = json.loads((FIXTURES / "pre_delta_reads.json").read_text())
     old_bytes = _stored_bytes(db)
     gw = _gateway(tokenizer, db, "admin-fixture")  # opening it migrates it
@@ -124,22 +152,33 @@ def test_a_pre_delta_database_reads_the_same_after_migration(tmp_path, tokenizer
                     assert r.text == reads[style], (sid, style)
     finally:
         gw.stop()
-    with sqlite3.connect(db) as con:
-        kinds = dict(con.execute("SELECT is_delta, count(*) FROM completions GROUP BY is_delta"))
-        assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0006"
+    with store_connection(db) as con:
+        kinds = {
+            bool(k): n
+            for k, n in con.execute(
+                sa.text("SELECT is_delta, count(*) FROM completions GROUP BY is_delta")
+            )
+        }
+        assert (
+            con.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+            == head_revision()
+        )
     # the fixture's turns that continue their parent became deltas; the roots, the
     # edited history and the first previous_response_id turn's new key stayed whole
-    assert kinds[1] >= 8 and kinds[0] >= 4, kinds
+    assert kinds[True] >= 8 and kinds[False] >= 4, kinds
     assert _stored_bytes(db) < old_bytes
 
 
-def _stored_bytes(db: Path) -> int:
-    with sqlite3.connect(db) as con:
+def _stored_bytes(db: str) -> int:
+    with store_connection(db) as con:
         return con.execute(
-            "SELECT sum(length(request) + length(prompt_ids)) FROM completions"
-        ).fetchone()[0]
+            sa.text(
+                "SELECT sum(length(CAST(request AS TEXT)) + length(prompt_ids)) FROM completions"
+            )
+        ).scalar()
 
 
+@pytest.mark.both_stores
 def test_a_long_session_is_stored_once_and_read_back_whole(fake_gateway, new_session) -> None:
     """Stored bytes grow with the conversation, not with turns x conversation; every
     turn reads back with the exact request it sent."""
@@ -161,13 +200,13 @@ def test_a_long_session_is_stored_once_and_read_back_whole(fake_gateway, new_ses
     for parent, child in zip(completions, completions[1:], strict=False):
         assert child["parent_id"] == parent["id"] and child["tokens_continue_parent"] is True
         assert child["prompt_ids"][: len(parent["prompt_ids"])] == parent["prompt_ids"]
-    db = Path(fake_gateway.config.database)
-    with sqlite3.connect(db) as con:
-        stored, deltas = con.execute(
-            "SELECT sum(length(request) + length(response) + length(prompt_ids)"
-            " + length(output_ids) + length(output_logprobs) + length(output_versions)),"
-            " sum(is_delta) FROM completions WHERE session_id = ?", (session_id,),
-        ).fetchone()  # fmt: skip
+    with store_connection(fake_gateway.config.database) as con:
+        stored, deltas = con.execute(sa.text(
+            "SELECT sum(length(CAST(request AS TEXT)) + length(CAST(response AS TEXT))"
+            " + length(prompt_ids) + length(output_ids) + length(output_logprobs)"
+            " + length(output_versions)), sum(CASE WHEN is_delta THEN 1 ELSE 0 END)"
+            " FROM completions WHERE session_id = :sid"), {"sid": session_id},
+        ).one()  # fmt: skip
     last = completions[-1]
     final = 4 * (len(last["prompt_ids"]) + len(last["output_ids"])) + len(
         json.dumps(last["request"])

@@ -8,10 +8,10 @@ policy versions and batching against an independent forward pass of the model.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 
 import httpx
 import pytest
+import sqlalchemy as sa
 import torch
 from gateway_helpers import (
     FAKE_REPLY,
@@ -21,10 +21,14 @@ from gateway_helpers import (
     create_session,
     openai_client,
     read_session,
+    store_connection,
 )
 from openai.types.chat import ChatCompletion
 
 from gateway.inference.model_source import load_causal_lm, resolve_model_dir
+
+# the fake-engine half runs on SQLite and on PostgreSQL
+pytestmark = pytest.mark.both_stores
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -172,8 +176,7 @@ def test_response_is_a_valid_openai_chat_completion(fake_gateway, new_session, h
 def test_every_answered_request_is_already_on_disk(fake_gateway, new_session, http):
     """A client that got a 200 never loses its record: it is committed before the reply."""
     _, key = new_session(fake_gateway)
-    con = sqlite3.connect(fake_gateway.config.database)
-    try:
+    with store_connection(fake_gateway.config.database) as con:
         for i in range(10):
             r = http.post(
                 f"{fake_gateway.url}/chat/completions",
@@ -182,15 +185,16 @@ def test_every_answered_request_is_already_on_disk(fake_gateway, new_session, ht
             )
             assert r.status_code == 200
             row = con.execute(
-                "SELECT length(prompt_ids), length(output_ids) FROM completions WHERE id = ?",
-                (r.json()["id"],),
-            ).fetchone()
+                sa.text(
+                    "SELECT length(prompt_ids), length(output_ids) FROM completions WHERE id = :id"
+                ),
+                {"id": r.json()["id"]},
+            ).first()
+            con.rollback()  # the next read sees the next commit
             assert row is not None, "a 200 was sent before the record was committed"
             # Token arrays are compact binary: 4 bytes a token.
             usage = r.json()["usage"]
-            assert row == (4 * usage["prompt_tokens"], 4 * usage["completion_tokens"])
-    finally:
-        con.close()
+            assert tuple(row) == (4 * usage["prompt_tokens"], 4 * usage["completion_tokens"])
 
 
 async def test_concurrent_requests_are_all_recorded(fake_gateway, new_session):

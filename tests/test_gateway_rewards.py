@@ -7,6 +7,8 @@ import json
 import pytest
 from gateway_helpers import admin_headers, assert_error_shape, bearer, read_session
 
+pytestmark = pytest.mark.both_stores
+
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 import time
 
 import openai
 import pytest
+import sqlalchemy as sa
 from gateway_helpers import (
     FAKE_REPLY,
     admin_headers,
@@ -15,10 +15,13 @@ from gateway_helpers import (
     bearer,
     openai_client,
     read_session,
+    store_connection,
 )
 
 from gateway.config import GatewayConfig
 from gateway.server import check_bind_allowed
+
+pytestmark = pytest.mark.both_stores
 
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -57,22 +60,19 @@ def test_session_key_is_stored_only_as_sha256(fake_gateway, new_session, http):
     # A completion too, so every table holds something of this session.
     assert chat(http, fake_gateway, key).status_code == 200
 
-    con = sqlite3.connect(fake_gateway.config.database)
-    try:
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    with store_connection(fake_gateway.config.database) as con:
+        tables = sa.inspect(con).get_table_names()
         assert "sessions" in tables
         for table in tables:
-            for row in con.execute(f'SELECT * FROM "{table}"'):
+            for row in con.execute(sa.text(f'SELECT * FROM "{table}"')):
                 for value in row:
-                    if isinstance(value, bytes):
-                        assert key.encode() not in value, f"plain key found in {table}"
+                    if isinstance(value, (bytes, memoryview)):
+                        assert key.encode() not in bytes(value), f"plain key found in {table}"
                     else:
                         assert key not in str(value), f"plain key found in {table}"
         (key_hash,) = con.execute(
-            "SELECT key_hash FROM sessions WHERE id = ?", (session_id,)
-        ).fetchone()
-    finally:
-        con.close()
+            sa.text("SELECT key_hash FROM sessions WHERE id = :id"), {"id": session_id}
+        ).one()
     assert key_hash == hashlib.sha256(key.encode()).hexdigest()
 
 

@@ -50,7 +50,11 @@ def _closing(renderer: ChatRenderer) -> str:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40,
+    deadline=None,
+    derandomize=True,  # the same examples every run: CI cannot flake on a lucky draw
+    # answers that no model could have produced (they re-tokenise differently) are assumed away
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
 )
 @given(
     name=st.sampled_from(sorted(FAMILIES)),

@@ -53,7 +53,11 @@ def _session(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    derandomize=True,  # the same examples every run: CI cannot flake on a lucky draw
+    # answers that no model could have produced (they re-tokenise differently) are assumed away
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
 )
 @given(system=st.none() | TEXT, first=TEXT, turns=st.lists(TURN, min_size=2, max_size=6))
 def test_incremental_ids_equal_a_full_encode(tokenizer, system, first, turns) -> None:

@@ -617,6 +617,8 @@ class Trainer:
             "step_s": step_s,
             "world_size": distributed.world_size(),
             "data_rows": data_rows,
+            # which sessions this step learned from: a resumed run never repeats one
+            "sessions": [ep.session_id for ep in episodes],
         }
         if self.config.rollout.agent.export_style == "concat":
             row["concat_fallbacks"] = sum(

@@ -8,58 +8,67 @@ arguments) because clients re-serialise what they send back: an SDK adds
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
+from gateway import json_codec
 from gateway.chat.template import normalize_message
 
 
-def canonical(message: dict[str, Any]) -> Any:
+def canonical(message: dict[str, Any]) -> tuple[str, str, list[Any], str | None]:
+    """What of a message counts for linking: role, text (an answer's stripped), tool
+    calls as (name, parsed arguments), and the id a tool result answers."""
     m = normalize_message(message)
     calls = [
         (tc["function"]["name"], tc["function"]["arguments"])
         for tc in m.get("tool_calls", []) or []
     ]
-    return [
+    content = m["content"]
+    return (
         m["role"],
-        m["content"].strip() if m["role"] == "assistant" else m["content"],
+        content.strip() if m["role"] == "assistant" else content,
         calls,
         m.get("tool_call_id"),
-    ]
+    )
 
 
-def _prefix_hashes(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, at_assistants: bool
-) -> list[str]:
-    """One pass over the messages: the hash after each assistant message (or only the
-    last), so a long conversation costs O(N) to hash, not O(N^2)."""
-    h = hashlib.sha256()
-    h.update(json.dumps(tools or [], sort_keys=True, default=str).encode())
-    out = []
-    for m in messages:
-        h.update(json.dumps(canonical(m), sort_keys=True, default=str).encode())
-        h.update(b"\x00")
-        if at_assistants and m.get("role") == "assistant":
-            out.append(h.hexdigest()[:40])
-    return out if at_assistants else [h.hexdigest()[:40]]
+def _framed(message: dict[str, Any]) -> bytes:
+    """A message's canonical form as unambiguous bytes: length-prefixed text fields,
+    tool calls as sorted-key JSON. The text goes in as it is (no JSON escaping of a
+    tool output's kilobytes)."""
+    role, content, calls, call_id = canonical(message)
+    text = content.encode("utf-8", "surrogatepass")
+    tail = json_codec.dumps_sorted(calls) if calls else b""
+    ident = (call_id or "").encode("utf-8", "surrogatepass")
+    head = f"{role}\x1f{len(text)}\x1f{len(tail)}\x1f{len(ident)}\x1f".encode()
+    return b"".join((head, text, tail, ident))
 
 
-def conversation_hash(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> str:
-    return _prefix_hashes(messages, tools, at_assistants=False)[0]
+class ConversationHash:
+    """One pass over a request's messages: the hash after each assistant message (the
+    parent candidates), and the running state, so that the hash of the request plus a
+    new answer costs only the answer: a long conversation is hashed once per turn,
+    not once per use."""
 
+    def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
+        h = hashlib.sha256(json_codec.dumps_sorted(tools or []))
+        answers: list[str] = []
+        for m in messages:
+            h.update(_framed(m))
+            if m.get("role") == "assistant":
+                answers.append(h.hexdigest()[:40])
+        self._state = h
+        self.candidates = answers[::-1]  # longest prefix first
 
-def candidate_parent_hashes(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> list[str]:
-    """Hashes of every prefix ending in an assistant message, longest first."""
-    return _prefix_hashes(messages, tools, at_assistants=True)[::-1]
+    def with_answer(self, message: dict[str, Any]) -> str:
+        """The hash a later turn continuing `message` (this request's answer) finds it by."""
+        h = self._state.copy()
+        h.update(_framed(message))
+        return h.hexdigest()[:40]
 
 
 def answer_positions(messages: list[dict[str, Any]]) -> list[int]:
     """Index of each assistant message, longest prefix first: the i-th of
-    `candidate_parent_hashes` ends at message `answer_positions(...)[i]`."""
+    `ConversationHash.candidates` ends at message `answer_positions(...)[i]`."""
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"][::-1]
 
 

@@ -151,11 +151,14 @@ async def export(
     caller: AnyCaller,
     style: str = "individual",
     turn_discount: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
+    include_side_requests: bool = False,
 ) -> dict[str, Any]:
     await run_in_threadpool(_owned_session, state, caller, session_id)
     completions = await run_in_threadpool(state.repo.completions, session_id)
     try:
-        samples = export_session(session_id, completions, style, turn_discount)
+        samples = export_session(
+            session_id, completions, style, turn_discount, include_side_requests
+        )
     except NoRewardError as exc:
         raise APIError(409, str(exc), code="no_reward", retryable=False) from exc
     except ValueError as exc:

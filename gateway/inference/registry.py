@@ -71,6 +71,24 @@ def _sglang(config: GatewayConfig) -> InferenceEngine:
     )
 
 
+@register_inference_engine("vllm", weights="disk", help="vLLM servers (token-in/token-out API)")
+def _vllm(config: GatewayConfig) -> InferenceEngine:
+    from gateway.inference.vllm import VLLMEngine
+
+    if not config.engine_urls:
+        raise ValueError(
+            "the vllm engine needs the URL of a vLLM server "
+            "(--engine-url http://host:8000, or gateway.engine_urls in the config)"
+        )
+    return VLLMEngine(
+        config.engine_urls,
+        update_urls=config.engine_update_urls or None,
+        fallback_max_context=config.engine_max_context,
+        timeout_s=config.request_timeout_s,
+        api_key=os.environ.get("VLLM_API_KEY") or None,
+    )
+
+
 @register_inference_engine(
     "fake", weights="disk", trainable=False, help="instant fixed answers (tests, benchmarks)"
 )
@@ -80,5 +98,7 @@ def _fake(config: GatewayConfig) -> InferenceEngine:
 
     tok = load_tokenizer(resolve_model_dir(config.model))
     return FakeEngine(
-        tok.encode("The answer is 4.", add_special_tokens=False), int(tok.eos_token_id)
+        tok.encode("The answer is 4.", add_special_tokens=False),
+        int(tok.eos_token_id),
+        delay_s=config.fake_delay_s,
     )

@@ -15,7 +15,6 @@ from gateway import json_codec
 from gateway.inference.base import (
     ContextLengthExceeded,
     EngineError,
-    FinishReason,
     SamplingParams,
     TopLogprobs,
 )
@@ -62,23 +61,6 @@ def dumps(obj: Any) -> bytes:
     return json_codec.dumps(obj)
 
 
-def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
-    return url
-
-
-def as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
 def parse_output(raw: bytes | str, url: str, prompt_len: int = 0) -> dict[str, Any]:
     try:
         out = json.loads(raw)
@@ -123,13 +105,6 @@ def new_tokens(
         ]
         alts += [[] for _ in range(len(ids) - len(alts))]
     return ids, lps, alts
-
-
-def finish_reason(finish: dict[str, Any]) -> FinishReason:
-    kind = finish.get("type")
-    if kind == "length" or kind == "abort":
-        return kind
-    return "stop"
 
 
 def error_message(raw: bytes | str) -> str:

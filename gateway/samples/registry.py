@@ -24,6 +24,9 @@ def export_session(
     completions: list[dict[str, Any]],
     style: str = "individual",
     turn_discount: float = 1.0,
+    include_side_requests: bool = False,
 ) -> list[Sample]:
-    """The session's samples under `style`; aborted answers are left out."""
-    return EXPORT_STYLES.lookup(style)(session_id, trainable(completions), turn_discount)
+    """The session's samples under `style`; aborted answers (and, unless asked for,
+    side requests) are left out."""
+    kept = trainable(completions, include_side_requests)
+    return EXPORT_STYLES.lookup(style)(session_id, kept, turn_discount)

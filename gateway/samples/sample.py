@@ -43,11 +43,20 @@ def sampling_temperature(completion: dict[str, Any]) -> float:
     return 1.0 if t is None or t <= 0 else float(t)
 
 
-def trainable(completions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def trainable(
+    completions: list[dict[str, Any]], include_side_requests: bool = False
+) -> list[dict[str, Any]]:
     """Completions that are samples of a conversation the agent really had.
 
     A streamed answer whose client disconnected mid-way is recorded (finish reason
     `abort`) but the agent never used it, so it is not trained on. (Client retries
-    never make a second row: they are answered from the original's record.)
+    never make a second row: they are answered from the original's record.) A client's
+    side requests (Claude Code's title generation) are not the agent's work: left out
+    unless asked for.
     """
-    return [c for c in completions if c.get("finish_reason") != "abort"]
+    return [
+        c
+        for c in completions
+        if c.get("finish_reason") != "abort"
+        and (include_side_requests or not c.get("side_request"))
+    ]

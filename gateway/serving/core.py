@@ -26,13 +26,13 @@ from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
 from gateway.chat.drift import drift
-from gateway.chat.linking import answer_positions, tokens_continue
+from gateway.chat.linking import answer_positions
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
 from gateway.chat.tool_parsers import make_tool_parser
 from gateway.config import HISTORY_MODES, GatewayConfig
-from gateway.errors import APIError
+from gateway.errors import APIError, store_unavailable, store_unavailable_error
 from gateway.inference.base import (
     ContextLengthExceeded,
     EngineError,
@@ -53,10 +53,13 @@ from gateway.serving.turn import (
     completion_record,
     text_delta,
 )
+from gateway.store.inflight import InflightMarks
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository, SessionInfo
 
 log = logging.getLogger(__name__)
+# how often a retry looks whether its original, generating on another replica, is done
+RETRY_POLL_S = 0.1
 
 
 class Admission:
@@ -78,14 +81,33 @@ class Admission:
 
 
 class Tracked:
-    """An in-flight request a retry can wait for."""
+    """An in-flight request a retry can wait for: in this process (a future) and, on a
+    shared store, on every replica (a mark in the store, `publish()`)."""
 
     def __init__(self, core: ServingCore, key: tuple[str, str] | None) -> None:
         self._core, self._key = core, key
         self.future: asyncio.Future[None] | None = None
+        self._mark: str | None = None
+        self._renewing: asyncio.Task[None] | None = None
         if key is not None:
             self.future = asyncio.get_running_loop().create_future()
             core._inflight[key] = self.future
+
+    async def publish(self) -> None:
+        """Let other replicas' retries of this request wait for it (shared store only)."""
+        if self._key is not None and self._core.marks.shared:
+            self._mark = await run_in_threadpool(self._core.marks.mark, *self._key)
+            self._renewing = self._core.spawn(self._renew(self._mark))
+
+    async def _renew(self, mark: str) -> None:
+        """Keep the mark's lease while generating (a dead replica's lapses)."""
+        marks = self._core.marks
+        while True:
+            await asyncio.sleep(marks.lease_s / 3)
+            try:
+                await run_in_threadpool(marks.renew, mark)
+            except Exception as exc:  # the store is down: the record will say so
+                log.warning("could not renew in-flight mark: %s", exc)
 
     def done(self) -> None:
         if self.future is None or self.future.done():
@@ -93,6 +115,10 @@ class Tracked:
         self.future.set_result(None)
         if self._core._inflight.get(self._key) is self.future:  # type: ignore[arg-type]
             del self._core._inflight[self._key]  # type: ignore[arg-type]
+        if self._renewing is not None:
+            self._renewing.cancel()
+        if self._mark is not None:  # after the records: a waiting retry then finds them
+            self._core.spawn(run_in_threadpool(self._core.marks.clear, self._mark))
 
     def __enter__(self) -> Tracked:
         return self
@@ -145,6 +171,9 @@ class ServingCore:
         # (session id, body hash) -> the original a retry waits for. Not an LRU: an entry
         # lives while its request generates, so `max_pending_requests` bounds them.
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # the same, across the replicas of a shared store (leases: a dead replica's
+        # marks lapse within seconds)
+        self.marks = InflightMarks(repo.engine)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- before generating -----------------------------------------------------------
@@ -196,11 +225,22 @@ class ServingCore:
         turn.request = {**turn.request, **forced, "client_sampling": asked}
 
     def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
-        """The latest recorded answer whose (request + answer) hash is in `hashes`."""
+        """The latest recorded answer whose (request + answer) hash is in `hashes`
+        (longest prefix first).
+
+        A cached hit on the longest prefix is the answer. A hit further down is only an
+        ancestor this process served: a longer prefix may have been answered by another
+        replica of a shared store, so the store is asked about those first.
+        """
         for rank, h in enumerate(hashes):
             hit = self._recent.get((session_id, h))
             if hit is not None:
-                return Link(hit, rank)
+                if rank == 0:
+                    return Link(hit, 0)
+                return self._stored_parent(session_id, hashes[:rank]) or Link(hit, rank)
+        return self._stored_parent(session_id, hashes)
+
+    def _stored_parent(self, session_id: str, hashes: list[str]) -> Link | None:
         if not hashes:
             return None
         found = self.repo.find_parent(session_id, hashes)
@@ -285,11 +325,9 @@ class ServingCore:
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
         return rendered
 
-    def drift(self, parent: Parent | None, prompt_ids: list[int]) -> dict[str, Any] | None:
-        """Where (and why) this prompt stops continuing its parent's tokens, counted in
-        /metrics; None when it continues them (or has no parent)."""
-        if parent is None or tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids):
-            return None
+    def drift(self, parent: Parent, prompt_ids: list[int]) -> dict[str, Any] | None:
+        """Where (and why) this prompt, which does not continue its parent's tokens,
+        leaves them; counted in /metrics."""
         tok = self.renderer.tokenizer
 
         def decode(ids: list[int]) -> str:
@@ -335,6 +373,12 @@ class ServingCore:
         inflight = self._inflight.get((session_id, body_hash))
         if inflight is not None:
             await asyncio.shield(inflight)
+        elif self.marks.shared:  # the original may be generating on another replica
+            deadline = time.monotonic() + self.request_timeout_s
+            while time.monotonic() < deadline and await run_in_threadpool(
+                self.marks.pending, session_id, body_hash
+            ):
+                await asyncio.sleep(RETRY_POLL_S)
         rows = await run_in_threadpool(self.repo.request_rows, session_id, body_hash, n)
         if not rows or any(r["finish_reason"] == "abort" for r in rows):
             return None
@@ -413,6 +457,7 @@ class ServingCore:
             versions=versions[:n],
             top_logprobs=None if top is None else top[:n],
             finish_reason=finish,
+            stop_string=_stop_string(decoder) if decoder.stopped else None,
             queue_s=result.queue_s if result is not None else 0.0,
             gen_s=result.gen_s if result is not None else time.perf_counter() - began,
         )
@@ -480,6 +525,8 @@ class ServingCore:
             await asyncio.shield(self.recorder.record(record))
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
+            if exc.cause is not None and store_unavailable(exc.cause):
+                raise store_unavailable_error(exc.cause) from exc
             raise APIError(503, str(exc), code="record_failed") from exc
         parent = Parent(out.completion_id, turn.prompt_ids, out.output_ids, turn.request)
         self._recent.put((turn.session_id, answer_hash), parent)
@@ -501,3 +548,9 @@ class ServingCore:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _stop_string(decoder: IncrementalDecoder) -> str | None:
+    """Which of the request's stop strings ended the text (at the decoder's cut)."""
+    assert decoder.cut is not None
+    return next((s for s in decoder.stops if decoder.text.startswith(s, decoder.cut)), None)

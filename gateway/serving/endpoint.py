@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
+from gateway.chat.linking import tokens_continue
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.template import Rendered
 from gateway.chat.tool_parsers import Event, content_events
@@ -117,6 +118,12 @@ class OpenAIServing(abc.ABC, Generic[Req]):
                 self.core.force_sampling(turn, session.sampling)
         admission = self.core.admit(n)
         tracked = self.core.track(session.id, retry.body_hash)
+        try:
+            await tracked.publish()
+        except BaseException:  # (the store is down: a 503)
+            admission.release()
+            tracked.done()
+            raise
         if p.stream:
             return await self._stream(p, admission, tracked)
         with admission, tracked:
@@ -157,6 +164,9 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             param=param,
         )
         request = request if request is not None else req.model_dump(exclude_none=True)
+        continues = (
+            tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids) if parent else None
+        )
         return Turn(
             session.id,
             self.endpoint,
@@ -169,7 +179,8 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             ids,
             body_hash,
             prompt_text=prompt_text,
-            drift=self.core.drift(parent, prompt_ids),
+            continues_parent=continues,
+            drift=self.core.drift(parent, prompt_ids) if continues is False else None,
             history=prompt.history if prompt is not None and history != "template" else None,
             history_fallback=prompt.fallback if prompt is not None else None,
         )

@@ -8,7 +8,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from gateway.chat.linking import tokens_continue
 from gateway.inference.base import SamplingParams, TopLogprobs
 from gateway.store.delta import Full
 from gateway.store.records import CompletionRecord
@@ -58,11 +57,17 @@ class Turn:
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
-    drift: dict[str, Any] | None = None  # where the prompt leaves the parent's tokens, why
+    # does the prompt start with exactly the parent's prompt + output tokens (None: no
+    # parent); where it leaves them, and why
+    continues_parent: bool | None = None
+    drift: dict[str, Any] | None = None
     # what built the prompt (template | token_exact), recorded when the session asked for
     # token_exact; and why it could not be token_exact, when it was not
     history: str | None = None
     history_fallback: str | None = None
+    # a client's side request (a title for its UI, a small model's chore): recorded,
+    # left out of training exports by default
+    side_request: bool = False
 
 
 @dataclass(slots=True)
@@ -85,6 +90,7 @@ class ChoiceOutput:
     versions: list[int]
     top_logprobs: list[TopLogprobs] | None
     finish_reason: str  # stop | length | abort (client gone)
+    stop_string: str | None = None  # the stop string that ended it, if one did
     queue_s: float = 0.0
     gen_s: float = 0.0
 
@@ -122,13 +128,10 @@ def completion_record(
         finish_reason=finish_reason,
         prefix_hash=prefix_hash,
         parent_id=parent.id if parent else None,
-        tokens_continue_parent=(
-            tokens_continue(parent.prompt_ids, parent.output_ids, turn.prompt_ids)
-            if parent
-            else None
-        ),
+        tokens_continue_parent=turn.continues_parent,
         request_hash=turn.request_hash,
         choice_index=out.index,
+        side_request=turn.side_request,
         queue_s=out.queue_s,
         gen_s=out.gen_s,
         total_s=time.perf_counter() - turn.started,

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 
 from gateway import json_codec
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+# any fixed number: the PostgreSQL advisory lock that replicas migrate under
+MIGRATION_LOCK = 7_248_163_001
+# Alembic's command API keeps its context in module globals: one migration per process
+_ALEMBIC = threading.Lock()
 
 
 def database_url(path_or_url: str | Path) -> str:
@@ -52,10 +57,28 @@ def open_database(path_or_url: str | Path) -> Engine:
     return engine
 
 
-def migrate(engine: Engine) -> None:
-    """Run Alembic migrations up to head on this database."""
+def head_revision() -> str:
+    """The newest migration's revision id: what `migrate` brings a store to."""
+    from alembic.script import ScriptDirectory
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
+    return str(ScriptDirectory.from_config(cfg).get_current_head())
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Run Alembic migrations up to `revision` on this database.
+
+    Processes opening one store together take turns: the first migrates under a lock
+    (PostgreSQL: a transaction-scoped advisory lock; SQLite: the write lock, taken up
+    front), the others then find the schema at head.
+    """
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with _ALEMBIC, engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+        elif conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, revision)

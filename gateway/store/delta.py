@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway import json_codec
 from gateway.store.codec import pack_ints, unpack_ints
 
 Request = dict[str, Any]
@@ -47,6 +48,27 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def same_items(old: list[Any], new: list[Any]) -> bool:
+    """`old` equals `new[:len(old)]` item by item, as `same` says.
+
+    A turn's messages repeat its parent's, so this runs over the whole history every
+    turn: their JSON bytes are compared first (in C), and `same` decides only where
+    the bytes cannot (`null` stands for both None and NaN in orjson's output)."""
+    if len(old) > len(new):
+        return False
+    head = new[: len(old)]
+    try:
+        a, b = json_codec.dumps(old), json_codec.dumps(head)
+    except TypeError:
+        a = b = None
+    if a is not None:
+        if a != b:
+            return False
+        if b"null" not in a:
+            return True
+    return all(map(same, old, head))
+
+
 def shared_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix (slice compares run in C; halving finds the
     first difference in O(n log n) element compares, no Python loop over tokens)."""
@@ -63,6 +85,16 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def continued_length(parent: Full, prompt_ids: list[int]) -> int:
+    """How many leading `prompt_ids` are the parent's prompt then output ids (without
+    building their 30k-token concatenation for a long session's every turn)."""
+    head = parent.prompt_ids
+    n = shared_prefix(head, prompt_ids)
+    if n < len(head):
+        return n
+    return n + shared_prefix(parent.output_ids, prompt_ids[n:])
+
+
 def request_delta(base: Request, request: Request) -> tuple[Request, bool]:
     """The delta of `request` on `base`, and whether any list of `base` was continued."""
     extend: dict[str, list[Any]] = {}
@@ -70,7 +102,7 @@ def request_delta(base: Request, request: Request) -> tuple[Request, bool]:
     for key, value in request.items():
         old = base.get(key, _MISSING)
         if isinstance(value, list) and isinstance(old, list) and len(old) <= len(value):
-            if all(map(same, old, value)):
+            if same_items(old, value):
                 if len(old) < len(value):
                     extend[key] = value[len(old) :]
                 continue
@@ -103,7 +135,7 @@ def delta_columns(parent: Full | None, request: Request, prompt_ids: list[int]) 
     """
     if parent is not None:
         delta, continued = request_delta(parent.request, request)
-        shared = shared_prefix(parent.prompt_ids + parent.output_ids, prompt_ids)
+        shared = continued_length(parent, prompt_ids)
         if continued or shared:
             return {
                 "request": delta,

@@ -26,7 +26,14 @@ _Item = tuple[dict[str, Any], asyncio.AbstractEventLoop, asyncio.Future[None]]
 
 
 class RecordError(RuntimeError):
-    """The record could not be committed; the client must not get a 200."""
+    """The record could not be committed; the client must not get a 200.
+
+    `cause` is the store's own error (None when the recorder is not running).
+    """
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class Recorder:
@@ -107,4 +114,4 @@ def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
     if error is None:
         fut.set_result(None)
     else:
-        fut.set_exception(RecordError(f"could not record completion: {error}"))
+        fut.set_exception(RecordError(f"could not record completion: {error}", error))

@@ -33,6 +33,7 @@ class CompletionRecord:
     tokens_continue_parent: bool | None = None
     request_hash: str | None = None  # body hash: a client retry is answered from this row
     choice_index: int = 0
+    side_request: bool = False  # a client's side request: not trained on by default
     diagnostics: dict[str, Any] | None = None  # parse failures, drift (see schema.py)
     queue_s: float = 0.0
     gen_s: float = 0.0
@@ -66,5 +67,6 @@ class CompletionRecord:
             "total_s": self.total_s,
             "request_hash": self.request_hash,
             "choice_index": self.choice_index,
+            "side_request": self.side_request,
             "diagnostics": self.diagnostics,
         }

@@ -168,6 +168,23 @@ class Repository:
                 row._mapping, self._rebuilder(conn, session_id).one(row._mapping)
             )
 
+    def main_model(self, session_id: str, endpoint: str) -> str | None:
+        """The model named by the session's first request on `endpoint` that was not a
+        side request (None: there is none yet)."""
+        c = CompletionRow.__table__
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(c.c.model)
+                .where(
+                    c.c.session_id == session_id,
+                    c.c.endpoint == endpoint,
+                    c.c.side_request.is_(False),
+                )
+                .order_by(c.c.created_at)
+                .limit(1)
+            ).first()
+        return row.model if row is not None else None
+
     def completion_owner(self, completion_ids: list[str]) -> dict[str, str]:
         c = CompletionRow.__table__
         with self.engine.connect() as conn:
@@ -289,5 +306,6 @@ def completion_dict(m: Any, full: Full) -> dict[str, Any]:
         timings=dict(queue_s=m["queue_s"], gen_s=m["gen_s"], total_s=m["total_s"]),
         reward=m["reward"],
         choice_index=m["choice_index"],
+        side_request=bool(m["side_request"]),
         diagnostics=m["diagnostics"] or {},
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -65,6 +65,9 @@ class CompletionRow(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # which of the request's `n` choices this is (its id is `<choice 0's id>-<index>`)
     choice_index: Mapped[int] = mapped_column(Integer, default=0)
+    # a client's side request (title generation, a small model's chore): kept, but left
+    # out of training exports unless asked for
+    side_request: Mapped[bool] = mapped_column(default=False, server_default=false())
     # not errors, but worth knowing: {"tool_parse_failures": n, "drift": {"at", "cause"}}
     diagnostics: Mapped[dict[str, Any] | None] = mapped_column(
         JSON(none_as_null=True), nullable=True
@@ -74,3 +77,17 @@ class CompletionRow(Base):
         Index("ix_completions_session_prefix", "session_id", "prefix_hash"),
         Index("ix_completions_session_request", "session_id", "request_hash"),
     )
+
+
+class InflightRow(Base):
+    """A request still generating on some replica (only written on a shared store)."""
+
+    __tablename__ = "inflight_requests"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    # a replica killed mid-request never clears its mark: retries stop waiting here
+    expires_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_inflight_session_request", "session_id", "request_hash"),)

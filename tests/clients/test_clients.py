@@ -291,9 +291,13 @@ def test_client_tool_conversation_is_recorded_and_rewardable(
     assert rewards == {first["id"]: None, second["id"]: 1.0}
 
 
+# tested in test_anthropic_clients.py (the Messages API: anthropic SDK, Claude Code)
+ANTHROPIC_CLIENTS = {"anthropic", "claude_code"}
+
+
 def test_every_client_venv_has_a_requirements_file_and_a_script():
     """Each requirements file is used by a case, and each case has its script."""
-    clients = {c.client for c in CASES}
+    clients = {c.client for c in CASES} | ANTHROPIC_CLIENTS
     # trackers.txt: the trainer's experiment trackers (test_experiment_trackers.py)
     assert {p.stem for p in REQUIREMENTS.glob("*.txt")} == clients | {"trackers"}
     for client in clients:

@@ -21,8 +21,11 @@ from gateway.serving.endpoint import RetryIdentity
 from gateway.serving.turn import request_hash
 
 
-def openai_route(path: str, request_model: type[BaseModel], serving_cls: type) -> APIRouter:
-    router = APIRouter(prefix="/v1", tags=["openai"])
+def openai_route(
+    path: str, request_model: type[BaseModel], serving_cls: type, tag: str = "openai"
+) -> APIRouter:
+    """`POST /v1<path>`, served by `serving_cls` (any `OpenAIServing`, whatever its API)."""
+    router = APIRouter(prefix="/v1", tags=[tag])
     body_schema = {
         "requestBody": {
             "required": True,

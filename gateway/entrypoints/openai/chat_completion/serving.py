@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.chat.linking import candidate_parent_hashes, conversation_hash
+from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tool_parsers import (
     ContentEvent,
@@ -70,7 +70,8 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         tools = None if req.tool_choice == "none" else req.tools
-        link = self.core.find_parent(session.id, candidate_parent_hashes(req.messages, req.tools))
+        hashes = ConversationHash(req.messages, req.tools)
+        link = self.core.find_parent(session.id, hashes.candidates)
         history = self.core.history_of(session)
         prompt = self.core.render(
             req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",
@@ -90,6 +91,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             history=history,
         )
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
+        p.context["hashes"] = hashes
         if req.stream:
             p.context["writer"] = ChunkWriter(req, turn.ids[0], self.shapes)
         return p
@@ -99,7 +101,6 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         return ChatChoice(index, p, parser)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
-        req: ChatCompletionRequest = p.req
         parser, finish = choice.parser, out.finish_reason
         if parser is None:
             message: dict[str, Any] = {"role": "assistant", "content": out.text}
@@ -110,7 +111,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             if parser.tool_calls:
                 message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
                 finish = "tool_calls" if finish == "stop" else finish
-        answer_hash = conversation_hash([*req.messages, message], req.tools)
+        answer_hash = p.context["hashes"].with_answer(message)
         return Answer(out, finish, {"message": message}, answer_hash, message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:

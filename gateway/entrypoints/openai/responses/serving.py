@@ -25,7 +25,7 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
-from gateway.chat.linking import candidate_parent_hashes, conversation_hash
+from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tool_parsers import Event, ToolCall, content_events
 from gateway.chat.tools import check_tool_choice
@@ -99,7 +99,8 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        link = self.core.find_parent(session.id, candidate_parent_hashes(messages, tools))
+        hashes = ConversationHash(messages, tools)
+        link = self.core.find_parent(session.id, hashes.candidates)
         history = self.core.history_of(session)
         prompt = self.core.render(
             messages,
@@ -129,7 +130,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
         context = {
-            "messages": messages,
+            "hashes": hashes,
             "tools": tools,
             "shape": shape,
             "writer": EventWriter(emit=req.stream),
@@ -168,7 +169,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             message["reasoning_content"] = parser.reasoning
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
-        answer_hash = conversation_hash([*p.context["messages"], message], p.context["tools"])
+        answer_hash = p.context["hashes"].with_answer(message)
         return Answer(out, finish, dump(choice.response), answer_hash, message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:

@@ -1,0 +1,241 @@
+"""Serving `POST /v1/messages`: the Anthropic Messages API on the shared template
+(gateway/serving/endpoint.py), recorded like every other turn under its `msg_...` id.
+
+Only the Messages-specific steps: Anthropic messages -> chat messages (protocol.py),
+the content blocks and their events (events.py), and two things its clients need:
+
+- Tool inputs come back re-serialised (Claude Code re-dumps them: key spacing, unicode
+  escapes, `120000.0` -> `120000`). A `tool_use` id of the gateway's names the answer it
+  came from (`toolu_<message hex>_<i>`); the arguments the model generated are kept
+  with that answer's record, and a later turn renders those, not the client's copy, so
+  the trained sequence continues the tokens really generated.
+- Side requests (a title for the client's UI, a chore for a smaller model) are recorded
+  with `side_request`, and left out of training exports by default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from gateway.chat.linking import ConversationHash
+from gateway.chat.output_parser import OutputParser
+from gateway.chat.tool_parsers import Event, ToolCall, content_events
+from gateway.chat.tools import check_tool_choice
+from gateway.entrypoints.anthropic.messages import protocol as p_
+from gateway.entrypoints.anthropic.messages.events import BlockWriter, error_event
+from gateway.entrypoints.anthropic.messages.protocol import (
+    CountTokensRequest,
+    MessagesRequest,
+)
+from gateway.lru import LRU
+from gateway.serving.core import ServingCore
+from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
+from gateway.store.repository import SessionInfo
+
+# A system prompt that asks for a title of the conversation, with no tools
+# offered: a client's side request (Claude Code names its sessions this way).
+_SIDE_PROMPT = re.compile(r"\btitle\b", re.IGNORECASE)
+
+
+class MessageChoice(Choice):
+    """The one choice of a message; its writer keeps the content blocks."""
+
+    def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
+        super().__init__(0, parser, p.stream)
+        self.p = p
+        self.writer: BlockWriter = p.context["writer"]
+        self._started = False
+
+    def on_delta(self, delta: TextDelta) -> list[bytes]:
+        events = self.parser.feed(delta.text) if self.parser else content_events(delta.text)
+        return self.frames(events, delta)
+
+    def on_end(self) -> list[bytes]:
+        frames = self.frames(self.parser.finish() if self.parser else [], None)
+        return self._started_frames() + frames + self.writer.close()
+
+    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
+        if not events:
+            return []
+        return self._started_frames() + self.writer.events(events)
+
+    def _started_frames(self) -> list[bytes]:
+        """`message_start` first, once the engine has answered (an engine that is down
+        before then is an HTTP error the client retries, not a broken stream)."""
+        if self._started:
+            return []
+        self._started = True
+        turn = self.p.turns[0]
+        start = p_.message(turn.ids[0], self.p.req.model, [], None, None, len(turn.prompt_ids), 0)
+        return self.writer.start(start)
+
+    def done(self, answer: Answer) -> list[bytes]:
+        m = answer.response["message"]
+        return self.writer.finish(m["stop_reason"], m["stop_sequence"], m["usage"])
+
+
+class MessagesServing(OpenAIServing[MessagesRequest]):
+    endpoint = "messages"
+
+    def __init__(self, core: ServingCore) -> None:
+        super().__init__(core)
+        # message id -> {tool_use id: arguments generated}: saves a DB read per turn
+        self._arguments: LRU[str, dict[str, str]] = LRU(core._recent.max_entries)
+        # session id -> the model its agent talks to (a request naming another is a side one)
+        self._main_model: LRU[str, str] = LRU(core._recent.max_entries)
+
+    def validate(self, req: MessagesRequest) -> None:
+        check_tool_choice(p_.chat_tool_choice(req.tool_choice), p_.chat_tools(req.tools))
+
+    def num_choices(self, req: MessagesRequest) -> int:
+        return 1
+
+    async def chat_of(
+        self, req: CountTokensRequest, session_id: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, Any]:
+        """The request as chat messages, tools and tool choice."""
+        known = await self._tool_arguments(session_id, p_.tool_use_ids(req))
+        messages = p_.to_chat(req, known.get)
+        return messages, p_.chat_tools(req.tools), p_.chat_tool_choice(req.tool_choice)
+
+    async def prepare(
+        self, req: MessagesRequest, session: SessionInfo, body_hash: str | None
+    ) -> Prepared:
+        messages, tools, tool_choice = await self.chat_of(req, session.id)
+        hashes = ConversationHash(messages, tools)
+        link = self.core.find_parent(session.id, hashes.candidates)
+        history = self.core.history_of(session)
+        prompt = self.core.render(
+            messages,
+            None if tool_choice == "none" else tools,
+            tool_choice,
+            param="messages",
+            code="invalid_request",
+            link=link,
+            history=history,
+        )
+        request = req.model_dump(exclude_none=True)
+        turn = self.turn(
+            req,
+            session,
+            prompt.ids,
+            [p_.new_message_id()],
+            body_hash,
+            max_tokens=req.max_tokens,
+            stops=req.stop_sequences,
+            parent=link.parent if link else None,
+            request=request,
+            prompt=prompt,
+            history=history,
+        )
+        if turn.params.max_new_tokens < req.max_tokens:  # clamped, never a 400
+            request["max_tokens_clamped_to"] = turn.params.max_new_tokens
+        turn.side_request = await self._is_side_request(req, session.id, tools)
+        context = {
+            "hashes": hashes,
+            "may_call": bool(tools) and tool_choice != "none",
+            "writer": BlockWriter(turn.ids[0], emit=req.stream),
+        }
+        return Prepared(req, [turn], stream=req.stream, context=context)
+
+    def count_tokens(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any) -> int:
+        """The prompt's length, rendered as a Messages request with them would be."""
+        prompt = self.core.render(
+            messages,
+            None if tool_choice == "none" else tools,
+            tool_choice,
+            param="messages",
+            code="invalid_request",
+        )
+        return len(prompt.ids)
+
+    async def _tool_arguments(self, session_id: str, tool_ids: list[str]) -> dict[str, str]:
+        """The generated arguments of the gateway's own tool calls among `tool_ids`."""
+        found: dict[str, str] = {}
+        for message_id in dict.fromkeys(filter(None, map(p_.message_of_tool_use, tool_ids))):
+            arguments = self._arguments.get(message_id)
+            if arguments is None:
+                row = await run_in_threadpool(self.core.repo.completion, session_id, message_id)
+                if row is None or row["endpoint"] != self.endpoint:
+                    continue
+                arguments = (row["response"] or {}).get("tool_arguments") or {}
+                self._arguments.put(message_id, arguments)
+            found.update(arguments)
+        restored = sum(1 for t in tool_ids if t in found)
+        if restored:
+            self.core.metrics.inc("turnstile_tool_inputs_restored_total", restored)
+        return found
+
+    async def _is_side_request(
+        self, req: MessagesRequest, session_id: str, tools: list[dict[str, Any]] | None
+    ) -> bool:
+        """Another model than the session's agent talks to, or no tools and a system
+        prompt asking for a title."""
+        if not tools and _SIDE_PROMPT.search(p_.system_text(req.system)):
+            return True
+        main = self._main_model.get(session_id)
+        if main is None:
+            main = await run_in_threadpool(self.core.repo.main_model, session_id, self.endpoint)
+            if main is None:  # this is the session's first main request
+                self._main_model.put(session_id, req.model)
+                return False
+            self._main_model.put(session_id, main)
+        return req.model != main
+
+    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
+        return MessageChoice(p, self.core.output_parser(turn.prompt_text, p.context["may_call"]))
+
+    def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
+        assert isinstance(choice, MessageChoice)
+        parser, writer = choice.parser, choice.writer
+        content, calls = (out.text, []) if parser is None else (parser.content, parser.tool_calls)
+        reason = p_.stop_reason(out.finish_reason, bool(calls), out.stop_string)
+        finish = "tool_calls" if reason == "tool_use" else out.finish_reason
+        stop_sequence = out.stop_string if reason == "stop_sequence" else None
+        body = p_.message(
+            turn.ids[0],
+            p.req.model,
+            writer.blocks,
+            reason,
+            stop_sequence,
+            len(turn.prompt_ids),
+            len(out.output_ids),
+        )
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if parser is not None and parser.reasoning is not None:
+            message["reasoning_content"] = parser.reasoning
+        if calls:  # (their ids are the writer's toolu_ ones by now)
+            message["tool_calls"] = [c.to_openai() for c in calls]
+            self._arguments.put(turn.ids[0], dict(writer.tool_arguments))
+        if not turn.side_request:
+            self._main_model.put(turn.session_id, p.req.model)
+        answer_hash = p.context["hashes"].with_answer(message)
+        response = {"message": body, "tool_arguments": writer.tool_arguments}
+        return Answer(out, finish, response, answer_hash, message)
+
+    def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
+        return answers[0].response["message"]
+
+    def error_frame(self, p: Prepared) -> Any:
+        return error_event
+
+    def replay(self, req: MessagesRequest, rows: list[dict[str, Any]]) -> Any:
+        body = rows[0]["response"]["message"]
+        if not req.stream:
+            return body
+        writer = BlockWriter(body["id"])
+        frames = writer.start({**body, "content": [], "stop_reason": None, "stop_sequence": None})
+        for block in body["content"]:
+            if block["type"] == "text":
+                frames += writer.write("text", block["text"]) + writer.close()
+            elif block["type"] == "thinking":
+                frames += writer.write("thinking", block["thinking"]) + writer.close()
+            elif block["type"] == "tool_use":
+                arguments = rows[0]["response"].get("tool_arguments", {}).get(block["id"], "{}")
+                frames += writer.tool_use(ToolCall(block["id"], block["name"], arguments))
+        frames += writer.finish(body["stop_reason"], body["stop_sequence"], body["usage"])
+        return replay_stream(frames)

@@ -1,0 +1,529 @@
+"""What every engine on external inference servers shares (SGLang, vLLM).
+
+The gateway renders the chat template itself, so a server only ever sees token ids,
+and what it answers (output ids and the logprob of each) is recorded as is. The
+protocol of one kind of server lives in its own subclass (`sglang.py`, `vllm.py`):
+how a request body looks, how an answer is read, how a server is paused and loaded.
+Everything else is here, once:
+
+- Several servers: `StickyRouter` keeps each session (`route_key`) on one server,
+  where its prefix is cached; a server that refuses connections is skipped.
+- Weight updates keep per-token versions exact the way AReaL's remote engines do:
+  new requests wait while an update runs; the servers are paused (which aborts what
+  they are generating), loaded, then resumed; an aborted request is resubmitted with
+  its prompt plus the tokens it already has, for the tokens still to come. Tokens made
+  before the update carry the old version, tokens after it the new one.
+- Errors: a server that cannot be reached is `ServerUnreachable`; one that fails or
+  times out is an `EngineError` (the gateway's 503); a refusal of an over-long prompt
+  is `ContextLengthExceeded` (a 400).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.inference.base import (
+    EngineError,
+    FinishReason,
+    GenerationResult,
+    InferenceEngine,
+    SamplingParams,
+    TokenChunk,
+    TopLogprobs,
+)
+from gateway.inference.http_client import ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
+from gateway.inference.routing import StickyRouter
+
+log = logging.getLogger(__name__)
+
+# What one server answer adds: token ids, their logprobs, their top alternatives, and
+# the weight version the server says made them (None: it does not say).
+Tokens = tuple[list[int], list[float], list[TopLogprobs], int | None]
+
+
+class ServerUnreachable(EngineError):
+    """No connection could be made: the request never reached the server."""
+
+    def __init__(self, label: str, url: str, exc: BaseException) -> None:
+        super().__init__(
+            f"cannot reach the {label} server at {url}: {str(exc) or type(exc).__name__}"
+        )
+        self.url = url
+
+
+@dataclass(slots=True)
+class Segment:
+    """What one server request (one segment of a possibly resubmitted request) returned.
+
+    `finish` is {"type": "stop" | "length" | "abort", ...} once the server says.
+    """
+
+    ids: list[int] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    return url
+
+
+def as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def finish_reason(finish: dict[str, Any]) -> FinishReason:
+    kind = finish.get("type")
+    if kind == "length" or kind == "abort":
+        return kind
+    return "stop"
+
+
+class RemoteEngine(InferenceEngine):
+    """An engine whose model runs in one or more inference servers reached over HTTP."""
+
+    name = "remote"
+    label = "inference"  # the servers' name in messages: "the vLLM server at ..."
+    # The server refuses prompt + max new tokens >= its context length minus this.
+    context_margin = 0
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        update_urls: Sequence[str] | None = None,
+        max_context: int | None = None,
+        fallback_max_context: int = 4096,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        health_timeout_s: float = 30.0,
+        update_timeout_s: float = 1800.0,
+        max_connections: int = 1024,
+        max_route_keys: int = 100_000,
+        max_resubmits: int = 16,
+        routing_header: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        """
+        urls: the servers (or one router in front of several). Several: sticky per
+            route key.
+        update_urls: where weight updates go; default: `_update_targets()`.
+        max_context: override; default: asked from the server at start().
+        fallback_max_context: when the server cannot tell (or is down at start).
+        routing_header: a header that carries the route key (for a router).
+        api_key: the servers' `--api-key`, sent as a bearer token.
+        """
+        url_list = [urls] if isinstance(urls, str) else list(urls)
+        if not url_list:
+            raise ValueError(f"the {self.name} engine needs at least one server URL (--engine-url)")
+        self.urls = [normalize_url(u) for u in url_list]
+        self.update_urls = [normalize_url(u) for u in update_urls] if update_urls else None
+        self.router = (
+            StickyRouter(self.urls, max_keys=max_route_keys) if len(self.urls) > 1 else None
+        )
+        self._max_context_override = max_context
+        self.fallback_max_context = fallback_max_context
+        self._server_context: int | None = None
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.health_timeout_s = health_timeout_s
+        self.update_timeout_s = update_timeout_s
+        self.max_connections = max_connections
+        self.max_resubmits = max_resubmits
+        self.routing_header = routing_header
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._client: EngineHTTP | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._version = 0
+        # Weight updates: new segments wait on the gate; `_started`/`_done` count updates.
+        self._gate: asyncio.Event | None = None
+        self._update_lock: asyncio.Lock | None = None
+        self._updates_started = 0
+        self._updates_done = 0
+        self._info_task: asyncio.Task[None] | None = None
+        self._info_next_try = 0.0
+        self.pause_supported: dict[str, bool] = {}  # learnt at the first update
+        self.resubmits = 0  # segments sent again after an abort (weight updates)
+
+    # ---- what a server kind defines -----------------------------------------------------
+    @abc.abstractmethod
+    async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
+        """(context length, weight version as an int, answered) for one server."""
+
+    @abc.abstractmethod
+    def _body(
+        self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
+    ) -> bytes:
+        """One generation request; `produced` tokens of it were made already."""
+
+    @abc.abstractmethod
+    def _segment(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        stream: bool,
+        seg: Segment,
+        prompt_len: int,
+        params: SamplingParams,
+    ) -> AsyncIterator[Tokens]:
+        """Send one request; yield tokens as they come; leave the finish in `seg.finish`.
+
+        May raise the http_client errors (they are turned into engine errors here)."""
+
+    @abc.abstractmethod
+    async def _pause(self, url: str) -> bool | str:
+        """Pause a server, aborting what it generates. True: paused; False: the
+        server cannot pause (the load must abort); str: an error."""
+
+    @abc.abstractmethod
+    async def _continue(self, url: str) -> None:
+        """Let a paused server generate again."""
+
+    @abc.abstractmethod
+    async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
+        """Load a checkpoint folder on one server; None on success, else what failed."""
+
+    def _raise_if_refused(self, finish: dict[str, Any], url: str, prompt_len: int) -> None:
+        """An abort may really be a refusal (raise it then); default: it is not."""
+
+    async def _update_targets(self) -> list[str]:
+        """The servers that weight updates go to (default: the --engine-url servers)."""
+        return list(self.update_urls or self.urls)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._update_lock = asyncio.Lock()
+        self._client = EngineHTTP(
+            headers=self._headers,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            max_connections=self.max_connections,
+        )
+        await self._client.start()
+        if not await self._fetch_info():
+            log.warning(
+                "no %s server answered at %s; serving anyway (max context %d until one does)",
+                self.label,
+                ", ".join(self.urls),
+                self.max_context,
+            )
+
+    async def close(self) -> None:
+        if self._info_task is not None:
+            self._info_task.cancel()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        if self._max_context_override:
+            return self._max_context_override
+        if self._server_context:
+            return self._server_context - self.context_margin
+        return self.fallback_max_context
+
+    async def health(self) -> bool:
+        if self._client is None:
+            return False
+        ok = await asyncio.gather(*(self._healthy(u) for u in self.urls))
+        if self.router is not None:
+            for url, up in zip(self.urls, ok, strict=True):
+                (self.router.mark_up if up else self.router.mark_down)(url)
+        if any(ok) and self._server_context is None and self._max_context_override is None:
+            await self._fetch_info()
+        return any(ok)
+
+    async def _healthy(self, url: str) -> bool:
+        assert self._client is not None
+        try:
+            r = await self._client.get(f"{url}/health", timeout=self.health_timeout_s)
+        except HTTPFailed:
+            return False
+        return r.status == 200
+
+    async def _fetch_info(self) -> bool:
+        """Learn the context length and weight version; True if a server answered."""
+        contexts: list[int] = []
+        answered = False
+        for url in self.urls:
+            ctx, version, ok = await self._server_info(url)
+            answered = answered or ok
+            if ctx:
+                contexts.append(ctx)
+            if version is not None and version > self._version:
+                self._version = version
+        if contexts:
+            self._server_context = min(contexts)
+        return answered
+
+    async def _get_json(self, url: str, path: str) -> Any:
+        assert self._client is not None
+        try:
+            r = await self._client.get(f"{url}{path}", timeout=self.connect_timeout_s + 10)
+        except HTTPFailed:
+            return None
+        if r.status != 200:
+            return None
+        try:
+            return json.loads(r.content)
+        except ValueError:
+            return None
+
+    async def _post(self, url: str, path: str, body: bytes = b"{}") -> str | None:
+        """POST for a control endpoint (pause, load, ...); None on 200, else the error."""
+        assert self._client is not None
+        try:
+            r = await self._client.post(f"{url}{path}", body, timeout=self.update_timeout_s)
+        except HTTPFailed as exc:
+            return f"{url}{path}: {exc}"
+        if r.status != 200:
+            text = r.content.decode(errors="replace").strip()[:500]
+            return f"{url}{path} answered {r.status}: {text}"
+        return None
+
+    # ---- generation ------------------------------------------------------------------
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
+    ) -> GenerationResult:
+        result: GenerationResult | None = None
+        async for item in self._run(prompt_ids, params, route_key, stream=False):
+            if isinstance(item, GenerationResult):
+                result = item
+        assert result is not None
+        return result
+
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        async for item in self._run(prompt_ids, params, route_key, stream=True):
+            yield item
+
+    async def _run(
+        self, prompt_ids: list[int], params: SamplingParams, route_key: str | None, stream: bool
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        if self._client is None or self._gate is None:
+            raise EngineError(f"the {self.name} engine is not started")
+        if not prompt_ids:
+            raise ValueError("prompt must contain at least one token")
+        if (
+            self._server_context is None
+            and self._max_context_override is None
+            and self._info_task is None
+            and time.monotonic() >= self._info_next_try
+        ):  # the servers were down at start(): learn their context length once they answer
+            self._info_next_try = time.monotonic() + 30.0
+            self._info_task = asyncio.create_task(self._fetch_info_later())
+        output: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        top: list[TopLogprobs] | None = [] if params.top_logprobs else None
+        submitted = time.perf_counter()
+        first_token: float | None = None
+        url = self._pick(route_key)
+        tried: set[str] = set()
+        stalled = 0  # consecutive aborted segments that made no progress
+        finish: dict[str, Any] = {"type": "length"}
+        try:
+            while len(output) < params.max_new_tokens:
+                if not self._gate.is_set():
+                    await self._gate.wait()
+                version_before, update_epoch = self._version, self._updates_started
+                body = self._body(prompt_ids + output, params, len(output), stream)
+                headers = (
+                    {self.routing_header: route_key} if route_key and self.routing_header else None
+                )
+                seg = Segment()
+                segment_version: int | None = None
+                try:
+                    async for ids, lps, alts, weight_version in self._guarded(
+                        url, body, headers, stream, seg, len(prompt_ids), params
+                    ):
+                        if weight_version is not None:
+                            v = weight_version
+                            self._version = max(self._version, v)
+                        else:
+                            if segment_version is None:
+                                segment_version = self._stamp(version_before, update_epoch, seg)
+                            v = segment_version
+                        if first_token is None:
+                            first_token = time.perf_counter()
+                        output += ids
+                        logprobs += lps
+                        versions += [v] * len(ids)
+                        if top is not None:
+                            top += alts
+                        yield TokenChunk(
+                            ids, lps, [v] * len(ids), alts if top is not None else None
+                        )
+                except ServerUnreachable:
+                    if self.router is None or seg.ids:
+                        raise
+                    # The request never reached it: send it to another server.
+                    tried.add(url)
+                    self.router.mark_down(url)
+                    if len(tried) >= len(self.urls):
+                        raise
+                    self.router.release(url)
+                    url = self.router.pick(route_key, exclude=tried)
+                    self.router.acquire(url)
+                    continue
+                finish = seg.finish or {"type": "abort"}
+                if finish.get("type") != "abort":
+                    break
+                self._raise_if_refused(finish, url, len(prompt_ids) + len(output))
+                # Aborted (a weight update paused the server, or someone aborted it):
+                # continue from where it stopped, as a new request.
+                stalled = 0 if seg.ids else stalled + 1
+                if stalled > self.max_resubmits:
+                    log.warning("giving up on a request aborted %d times: %s", stalled, finish)
+                    break
+                if stalled:
+                    await asyncio.sleep(min(0.05 * stalled, 1.0))
+                self.resubmits += 1
+            else:
+                finish = {"type": "length"}
+        finally:
+            if self.router is not None:
+                self.router.release(url)
+        end = time.perf_counter()
+        started = first_token or end
+        yield GenerationResult(
+            output_ids=output,
+            logprobs=logprobs,
+            versions=versions,
+            finish_reason=finish_reason(finish),
+            queue_s=started - submitted if stream else 0.0,
+            gen_s=end - started if stream else end - submitted,
+            top_logprobs=top,
+        )
+
+    async def _guarded(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        stream: bool,
+        seg: Segment,
+        prompt_len: int,
+        params: SamplingParams,
+    ) -> AsyncIterator[Tokens]:
+        """`_segment` with HTTP failures turned into engine errors."""
+        try:
+            async for item in self._segment(url, body, headers, stream, seg, prompt_len, params):
+                yield item
+        except ConnectFailed as exc:
+            raise ServerUnreachable(self.label, url, exc) from exc
+        except TimedOut as exc:
+            raise EngineError(
+                f"the {self.label} server at {url} did not answer within {self.timeout_s:g} s"
+            ) from exc
+        except HTTPFailed as exc:
+            raise EngineError(f"the {self.label} server at {url} failed: {exc}") from exc
+
+    def _pick(self, route_key: str | None) -> str:
+        if self.router is None:
+            return self.urls[0]
+        url = self.router.pick(route_key)
+        self.router.acquire(url)
+        return url
+
+    def _stamp(self, version_before: int, update_epoch: int, seg: Segment) -> int:
+        """The version of a segment's tokens when the server does not report one.
+
+        No update began while the segment was out: the version it was sent under. An
+        update began but has not finished: the server made these tokens before the
+        pause (it makes none while paused). An update began and finished: the server
+        held the request during the update and made them with the new weights.
+        """
+        if self._updates_started == update_epoch or self._updates_done < self._updates_started:
+            return version_before
+        if seg.finish is not None and seg.finish.get("type") == "abort":
+            return version_before  # cut short by the pause, before the new weights
+        return self._version
+
+    async def _fetch_info_later(self) -> None:
+        try:
+            await self._fetch_info()
+        finally:
+            self._info_task = None
+
+    # ---- weights ---------------------------------------------------------------------
+    async def update_weights_from_disk(self, path: str, version: int | None = None) -> int:
+        """Load a checkpoint folder on every server; return the new policy version.
+
+        Callable from any thread's event loop (the trainer's): the work runs on the
+        loop the engine was started on, where its HTTP client lives.
+        """
+        loop = self._loop
+        if loop is None or self._client is None:
+            raise EngineError(f"the {self.name} engine is not started")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        coro = self._update_from_disk(str(path), version)
+        if running is loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+    async def _update_from_disk(self, path: str, version: int | None) -> int:
+        assert self._gate is not None and self._update_lock is not None
+        async with self._update_lock:
+            new = self._version + 1 if version is None else int(version)
+            targets = await self._update_targets()
+            self._gate.clear()
+            self._updates_started += 1
+            paused: list[str] = []
+            failures: list[str] = []
+            try:
+                for url, outcome in zip(
+                    targets, await asyncio.gather(*(self._pause(u) for u in targets)), strict=True
+                ):
+                    if outcome is True:
+                        paused.append(url)
+                    elif isinstance(outcome, str):
+                        failures.append(outcome)
+                if not failures:
+                    results = await asyncio.gather(
+                        *(self._load(u, path, new, abort=u not in paused) for u in targets)
+                    )
+                    failures = [r for r in results if r]
+                if not failures:
+                    self._version = new
+            finally:
+                self._updates_done += 1
+                await asyncio.gather(*(self._continue(u) for u in paused))
+                self._gate.set()
+        if failures:
+            raise EngineError("weight update failed: " + "; ".join(failures))
+        log.info(
+            "loaded %s on %d %s server(s): policy version %d", path, len(targets), self.label, new
+        )
+        return new

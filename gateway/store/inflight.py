@@ -1,0 +1,74 @@
+"""Marks of requests still generating, shared by the replicas of one PostgreSQL store.
+
+A client retry is answered from the original's record (ServingCore.replay_of). Within
+one process the retry waits on the original's future; when a load balancer sends the
+retry to another replica, that replica finds the original's mark here and waits until
+it is gone (the original recorded, or failed) or has expired. A mark is a lease: the
+replica generating renews it every `lease_s / 3`, so a replica killed mid-request holds
+its retries up for at most `lease_s`. On SQLite, a single-process store, nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sqlalchemy import Connection, Engine, delete, exists, insert, select, text, update
+
+from gateway.store.schema import InflightRow
+
+_T = InflightRow.__table__
+
+
+class InflightMarks:
+    def __init__(self, engine: Engine, lease_s: float = 6.0) -> None:
+        self.engine = engine
+        self.lease_s = lease_s
+        self.shared = engine.dialect.name != "sqlite"
+
+    def mark(self, session_id: str, request_hash: str) -> str | None:
+        """Publish that this request is generating; its mark id (None: not shared)."""
+        if not self.shared:
+            return None
+        mark_id = uuid.uuid4().hex
+        row = dict(id=mark_id, session_id=session_id, request_hash=request_hash,
+                   expires_at=time.time() + self.lease_s)  # fmt: skip
+        with self.engine.begin() as conn:
+            _not_durable(conn)
+            conn.execute(insert(InflightRow), [row])
+        return mark_id
+
+    def renew(self, mark_id: str) -> None:
+        with self.engine.begin() as conn:
+            _not_durable(conn)
+            conn.execute(
+                update(InflightRow)
+                .where(_T.c.id == mark_id)
+                .values(expires_at=time.time() + self.lease_s)
+            )
+
+    def clear(self, mark_id: str) -> None:
+        with self.engine.begin() as conn:
+            _not_durable(conn)
+            conn.execute(delete(InflightRow).where(_T.c.id == mark_id))
+
+    def pending(self, session_id: str, request_hash: str) -> bool:
+        """Is a request with this body still generating on some replica?"""
+        if not self.shared:
+            return False
+        q = select(
+            exists().where(
+                _T.c.session_id == session_id,
+                _T.c.request_hash == request_hash,
+                _T.c.expires_at > time.time(),
+            )
+        )
+        with self.engine.connect() as conn:
+            return bool(conn.execute(q).scalar())
+
+
+def _not_durable(conn: Connection) -> None:
+    """A mark need not survive a server crash (a retry after one finds no original
+    generating anyway): its commit does not wait for the disk."""
+    conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
