@@ -109,3 +109,23 @@ def test_sessions_list_is_paged(fake_gateway, new_session):
     assert rows(first) | rows(second) == made
     assert 'href="/ui/sessions?status=active&amp;page=2" id="next"' in first
     assert 'id="prev"' in second and 'id="next"' not in second
+
+
+def test_anthropic_tool_use_shown_as_a_call(fake_gateway, new_session):
+    """A /v1/messages answer is recorded in Anthropic's shape; its tool_use block is
+    listed as a tool call like a chat one."""
+    from anthropic_helpers import BASH, post_messages
+
+    sid, key = new_session(fake_gateway)
+    fake_gateway.engine.script(
+        '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    )
+    body = {"model": "m", "max_tokens": 200, "tools": [BASH],
+            "messages": [{"role": "user", "content": "List the files."}]}  # fmt: skip
+    with http_client() as http:
+        r = post_messages(http, fake_gateway.url, key, body)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"][0]["type"] == "tool_use"
+        base = fake_gateway.url.removesuffix("/v1")
+        page = http.get(f"{base}/ui/sessions/{sid}", headers=admin_headers()).text
+    assert "<code>Bash({&#34;command&#34;: &#34;ls&#34;})</code>" in page

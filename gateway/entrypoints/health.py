@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.metrics import CONTENT_TYPE
 from gateway.state import State
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger(__name__)
 
 
 @router.get("/healthz")
@@ -31,5 +35,8 @@ async def metrics(state: State) -> Response:
     m.records_committed.set(state.recorder.committed)
     m.record_batches.set(state.recorder.batches)
     m.engine_queue_depth.set(state.core.pending)
-    m.sessions_active.set(await run_in_threadpool(state.repo.count_active_sessions))
+    try:
+        m.sessions_active.set(await run_in_threadpool(state.repo.count_active_sessions))
+    except SQLAlchemyError:  # the store is down: serve the rest, that is when they matter
+        log.warning("/metrics: could not count active sessions; the store is unreachable")
     return Response(m.render(), media_type=CONTENT_TYPE)

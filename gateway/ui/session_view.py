@@ -108,7 +108,7 @@ def _order(completions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]
 def _said(record: dict[str, Any]) -> tuple[list[dict[str, str]], str | None, str | None]:
     """Tool calls, reasoning and text of the answer, from whichever endpoint's shape it
     was recorded in: chat (`message`), completions (`text`), responses (`output` items),
-    Anthropic-style content blocks (`content`)."""
+    Anthropic messages (`message.content` blocks)."""
     resp = record.get("response") or {}
     calls: list[dict[str, str]] = []
     reasoning: list[str] = []
@@ -132,7 +132,8 @@ def _said(record: dict[str, Any]) -> tuple[list[dict[str, str]], str | None, str
             reasoning += [p.get("text", "") for p in parts]
         elif kind == "message":
             text += [p.get("text", "") for p in item.get("content") or []]
-    blocks = resp.get("content") if isinstance(resp.get("content"), list) else []
+    # Anthropic Messages: the recorded `message` is Anthropic's, its content a block list
+    blocks = msg.get("content") if isinstance(msg.get("content"), list) else []
     for block in blocks:
         if block.get("type") == "tool_use":
             args = json.dumps(block.get("input"))
