@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway import ui
 from gateway.auth import KeyRing
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
@@ -22,7 +23,7 @@ from gateway.errors import BodySizeLimit, install_error_handlers
 from gateway.inference.base import InferenceEngine
 from gateway.inference.model_source import load_tokenizer, resolve_model_dir
 from gateway.inference.registry import make_inference_engine
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, RequestTimer
 from gateway.serving.core import ServingCore
 from gateway.state import GatewayState
 from gateway.store.database import open_database
@@ -30,7 +31,7 @@ from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 # Every route of the gateway; a new endpoint is one folder plus one line here.
-ROUTERS = (chat_completion, completion, responses, messages, models, sessions, rewards, health)
+ROUTERS = (chat_completion, completion, responses, messages, models, sessions, rewards, health, ui)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     renderer = ChatRenderer(tokenizer, template)
     db = open_database(config.database or "turnstile.db")
     repo = Repository(db)
-    recorder = Recorder(db)
     metrics = Metrics()
+    recorder = Recorder(db, on_commit=metrics.store_commit_seconds.observe)
     core = ServingCore(engine, renderer, repo, recorder, metrics, config)
     keys = KeyRing(repo, config.admin_key, cache_size=config.key_cache_size)
     return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, core)
@@ -78,6 +79,7 @@ def create_app(
     app.state.gateway = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status
     for module in ROUTERS:
         app.include_router(module.router)
     return app

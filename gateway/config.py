@@ -96,6 +96,12 @@ class GatewayConfig:
         "rendered: every turn extends the last, but the model sees what its template "
         "would hide, e.g. earlier reasoning); a session may choose its own",
     )
+    run_dirs: list[str] = _field(
+        [],
+        "a training run folder whose metrics.jsonl the /ui run page charts (repeat for "
+        "several); `turnstile train` adds its own",
+        flag="--run-dir",
+    )
     chat_template: str | None = _field(
         None,
         "a Jinja chat template file, or the name of one in gateway/chat/templates "

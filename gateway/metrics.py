@@ -1,45 +1,155 @@
-"""A few counters and timings, served in Prometheus text format at /metrics."""
+"""The gateway's Prometheus metrics, kept by prometheus-client and served at /metrics.
+
+Each gateway has its own registry (tests and the trainer run several in one process).
+Counters named by the serving code (`inc("turnstile_..._total")`) are made on first
+use (the per-cause ones: a cause that never happened is absent); those a dashboard
+charts are declared up front at 0, as are the histograms and gauges. docs/gateway.md lists them all.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+# `*_created` timestamps double every series for nothing a dashboard uses
+disable_created_metrics()
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# counters a dashboard charts: present (at 0) from the start, not only once they count
+DECLARED_COUNTERS = (
+    "turnstile_completions_total",
+    "turnstile_prompt_tokens_total",
+    "turnstile_completion_tokens_total",
+    "turnstile_prompt_drift_total",
+    "turnstile_tool_call_parse_failures_total",
+    "turnstile_engine_errors_total",
+    "turnstile_record_failures_total",
+    "turnstile_rejected_requests_total",
+    "turnstile_rewards_total",
+    "turnstile_sessions_created_total",
+)
 
 
 class Metrics:
     def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
-        self.counters: dict[str, float] = defaultdict(float)
-        self.hist: dict[str, list[int]] = {}
-        self.sums: dict[str, float] = defaultdict(float)
+        self._counters: dict[str, Counter] = {}
+        self._histograms: dict[str, Histogram] = {}
+        r = self.registry
+        self.request_seconds = Histogram(
+            "turnstile_http_request_seconds",
+            "HTTP request latency, by route template, method and status code",
+            ["endpoint", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_commit_seconds = Histogram(
+            "turnstile_store_commit_seconds",
+            "time to insert and commit one batch of completion records",
+            buckets=COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.engine_queue_depth = Gauge(
+            "turnstile_engine_queue_depth",
+            "choices admitted and generating or waiting for the engine now",
+            registry=r,
+        )
+        self.sessions_active = Gauge(
+            "turnstile_sessions_active", "sessions neither ended nor expired", registry=r
+        )
+        self.policy_version = Gauge(
+            "turnstile_policy_version", "policy version the engine serves", registry=r
+        )
+        self.records_committed = Gauge(
+            "turnstile_records_committed", "completion records committed since start", registry=r
+        )
+        self.record_batches = Gauge(
+            "turnstile_record_batches", "commits those records took", registry=r
+        )
+        for name in DECLARED_COUNTERS:
+            self.inc(name, 0.0)
+        self._histograms["turnstile_completion_seconds"] = Histogram(
+            "turnstile_completion_seconds",
+            "one answer, from its request being prepared to its record committed",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def inc(self, name: str, value: float = 1.0) -> None:
-        with self._lock:
-            self.counters[name] += value
+        counter = self._counters.get(name)
+        if counter is None:
+            with self._lock:
+                counter = self._counters.get(name)
+                if counter is None:
+                    counter = Counter(name, _help(name), registry=self.registry)
+                    self._counters[name] = counter
+        counter.inc(value)
 
     def observe(self, name: str, seconds: float) -> None:
-        with self._lock:
-            buckets = self.hist.setdefault(name, [0] * (len(_BUCKETS) + 1))
-            for i, edge in enumerate(_BUCKETS):
-                if seconds <= edge:
-                    buckets[i] += 1
-            buckets[-1] += 1
-            self.sums[name] += seconds
+        hist = self._histograms.get(name)
+        if hist is None:
+            with self._lock:
+                hist = self._histograms.get(name)
+                if hist is None:
+                    hist = Histogram(
+                        name, _help(name), buckets=LATENCY_BUCKETS, registry=self.registry
+                    )
+                    self._histograms[name] = hist
+        hist.observe(seconds)
 
-    def render(self, gauges: dict[str, float] | None = None) -> str:
-        lines: list[str] = []
-        with self._lock:
-            for name, value in sorted(self.counters.items()):
-                lines += [f"# TYPE {name} counter", f"{name} {value:g}"]
-            for name, buckets in sorted(self.hist.items()):
-                lines.append(f"# TYPE {name} histogram")
-                for edge, count in zip(_BUCKETS, buckets, strict=False):
-                    lines.append(f'{name}_bucket{{le="{edge}"}} {count}')
-                lines.append(f'{name}_bucket{{le="+Inf"}} {buckets[-1]}')
-                lines.append(f"{name}_count {buckets[-1]}")
-                lines.append(f"{name}_sum {self.sums[name]:.6f}")
-        for name, value in sorted((gauges or {}).items()):
-            lines += [f"# TYPE {name} gauge", f"{name} {value:g}"]
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _help(name: str) -> str:
+    return name.removeprefix("turnstile_").removesuffix("_total").replace("_", " ")
+
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable, Callable], Awaitable[None]]
+
+
+class RequestTimer:
+    """Pure ASGI middleware: one histogram observation per HTTP request, labelled with
+    the route's template (`/v1/sessions/{session_id}`), never the raw path, so the
+    series stay few; unmatched paths share one label."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            self.metrics.request_seconds.labels(
+                getattr(route, "path", "unmatched"), scope["method"], str(status)
+            ).observe(time.perf_counter() - started)

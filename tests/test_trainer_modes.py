@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,9 @@ def test_concat_export_trains_one_sample_per_leaf_and_counts_fallbacks(
         # each 2-turn episode is one joined sample, or two where the second turn drifted
         assert m["concat_samples"] == m["episodes"] + m["concat_fallbacks"]
         assert m["num_samples"] == m["concat_samples"]
+        # the run page's throughput chart: tokens through the update, per second of it
+        assert m["packed_tokens_per_s"] == m["packed_tokens"] / m["train_s"] > 0
+        assert m["trained_tokens_per_s"] == m["trained_tokens"] / m["train_s"] > 0
 
 
 def test_subproc_mode_trains_a_synchronous_openai_agent(tmp_path, tiny_model) -> None:
@@ -97,6 +101,8 @@ def _cli(config: str, run_dir: Path, model: Path, *overrides: str) -> list[dict]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "policy version" in proc.stdout
+    # the run page of the gateway it trained through, with the run's own admin key
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/ui/runs/0\?key=\S+", proc.stdout)
     return _metrics(run_dir / "metrics.jsonl")
 
 

@@ -35,7 +35,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"metrics           {result.metrics}")
     print(f"reward curve      {result.reward_curve}")
     print(f"checkpoint        {result.checkpoint}")
-    print(f"tensorboard       {result.run_dir / 'tensorboard'}")
+    for backend in config.tracker_backends():
+        where = {"tensorboard": result.run_dir / "tensorboard", "wandb": result.run_dir / "wandb"}
+        print(f"{backend:<17} {where.get(backend, 'its local store (trackio show)')}")
     print(f"policy version    {result.policy_version}")
     if result.start_step:
         print(f"resumed at step   {result.start_step}")

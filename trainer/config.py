@@ -86,6 +86,25 @@ class EvalConfig:
 
 
 @dataclass
+class TrackersConfig:
+    """Where the run's per-step metrics go besides metrics.jsonl (trainer/trackers/)."""
+
+    # any of: tensorboard, wandb (offline by default), trackio; [] for none
+    backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+    # options per backend, passed to its init: wandb.init(**wandb), trackio.init(**trackio)
+    wandb: dict[str, Any] = field(default_factory=dict)
+    trackio: dict[str, Any] = field(default_factory=dict)
+    tensorboard: dict[str, Any] = field(default_factory=dict)  # {log_dir: ...}
+
+    def __post_init__(self) -> None:
+        from trainer.trackers import TRACKERS
+
+        unknown = sorted(set(self.backends) - set(TRACKERS))
+        if unknown:
+            raise ConfigError(f"trackers.backends: unknown {unknown}; known: {sorted(TRACKERS)}")
+
+
+@dataclass
 class TrainerConfig:
     experiment_name: str = "turnstile"
     run_dir: str = "runs/turnstile"
@@ -114,6 +133,8 @@ class TrainerConfig:
     # Resume from the newest checkpoint in run_dir (step count, optimizer, data order).
     resume: bool = False
     checkpoint_every: int = 0  # DeepSpeed checkpoints for resume; 0 = only at the end
+    trackers: TrackersConfig = field(default_factory=TrackersConfig)
+    # false: leave tensorboard out of trackers.backends (kept for older configs)
     tensorboard: bool = True
     # Python files to import first (they may call register_agent / register_env).
     imports: list[str] = field(default_factory=list)
@@ -123,6 +144,9 @@ class TrainerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def tracker_backends(self) -> list[str]:
+        return [b for b in self.trackers.backends if self.tensorboard or b != "tensorboard"]
 
 
 class ConfigError(ValueError):

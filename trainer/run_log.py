@@ -1,6 +1,7 @@
 """What a run leaves behind: metrics.jsonl (one line a step), eval.jsonl (held-out
-evaluations), TensorBoard events, and a reward-curve PNG. A resumed run keeps the rows
-of the steps it already made."""
+evaluations), the same scalars in each configured experiment tracker (TensorBoard by
+default; trainer/trackers/), and a reward-curve PNG. A resumed run keeps the rows of
+the steps it already made."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer.trackers import Tracker
+
 
 class RunLog:
-    def __init__(self, run_dir: Path, *, start_step: int = 0, tensorboard: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, *, start_step: int = 0, trackers: list[Tracker] | None = None
+    ) -> None:
         """`start_step`: steps already made (resume); rows after it are dropped."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.eval_path = run_dir / "eval.jsonl"
         self.evals: list[dict[str, Any]] = []
-        self.tensorboard_dir = run_dir / "tensorboard"
         self.rows: list[dict[str, Any]] = []
         if start_step and self.metrics_path.exists():
             for line in self.metrics_path.read_text().splitlines():
@@ -31,40 +35,33 @@ class RunLog:
                 if e["step"] <= start_step
             ]
         self.eval_path.write_text("".join(json.dumps(e) + "\n" for e in self.evals))
-        self._writer = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            # purge_step drops events a crashed run wrote past its last checkpoint
-            self._writer = SummaryWriter(
-                str(self.tensorboard_dir), purge_step=start_step + 1 if start_step else None
-            )
+        self.trackers = list(trackers or [])
 
     def append(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self._writer is not None:
-            step = int(row["step"])
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and value is not None:
-                    self._writer.add_scalar(_tag(key), float(value), step)
-            self._writer.flush()
+        scalars = {
+            _tag(key): float(value)
+            for key, value in row.items()
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+        }
+        for tracker in self.trackers:
+            tracker.log(scalars, int(row["step"]))
 
     def append_eval(self, row: dict[str, Any]) -> None:
         """One held-out evaluation (trainer/evaluation.py EvalResult.to_dict())."""
         self.evals.append(row)
         with self.eval_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self._writer is not None:
-            for key in ("accuracy", "reward_mean"):
-                self._writer.add_scalar(f"eval/{key}", float(row[key]), int(row["step"]))
-            self._writer.flush()
+        scalars = {f"eval/{key}": float(row[key]) for key in ("accuracy", "reward_mean")}
+        for tracker in self.trackers:
+            tracker.log(scalars, int(row["step"]))
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close()
 
     def plot_rewards(self, path: Path | None = None) -> Path:
         import matplotlib

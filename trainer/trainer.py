@@ -38,6 +38,7 @@ from trainer.rollout.agent_runner import Episode
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
 from trainer.run_log import RunLog, mean
+from trainer.trackers import make_trackers
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +109,23 @@ class Trainer:
         model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
         if main:
-            self.gateway = self._start_gateway(model_dir, database, admin_key)
+            self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
+            print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
         runlog: RunLog | None = None
         try:
             self.policy = self._make_policy(model_dir)
             start_step = self._resume(order)
             if main:
                 self._announce_estimate(start_step, bool(eval_rows))
-                runlog = RunLog(run_dir, start_step=start_step, tensorboard=cfg.tensorboard)
+                t = cfg.trackers
+                trackers = make_trackers(
+                    cfg.tracker_backends(),
+                    {"tensorboard": t.tensorboard, "wandb": t.wandb, "trackio": t.trackio},
+                    run_dir,
+                    _without_secrets(cfg.to_dict()),
+                    start_step,
+                )
+                runlog = RunLog(run_dir, start_step=start_step, trackers=trackers)
                 asyncio.run(
                     self._main_loop(
                         kind, agent, rows, order, admin_key, runlog, start_step, eval_rows
@@ -247,7 +257,19 @@ class Trainer:
             )
         return "agent", instance
 
-    def _start_gateway(self, model_dir: Path, database: Path, admin_key: str) -> Any:
+    def _dashboard_url(self, admin_key: str) -> str:
+        """The /ui run page of this run. The key is in the URL only when the trainer made
+        it up (it lives as long as the run); a configured key the user already has."""
+        base = self.gateway.url.removesuffix("/v1")
+        index = len(self.gateway.config.run_dirs) - 1
+        url = f"{base}/ui/runs/{index}"
+        if self.config.gateway.admin_key is None:
+            url += f"?key={admin_key}"
+        return url
+
+    def _start_gateway(
+        self, model_dir: Path, database: Path, admin_key: str, run_dir: Path | None = None
+    ) -> Any:
         from dataclasses import replace
 
         from gateway.inference.registry import INFERENCE_ENGINES, engine_spec
@@ -265,6 +287,8 @@ class Trainer:
             admin_key=admin_key,
             model=str(model_dir),
             device=self.config.device,
+            # the /ui run page charts this run's metrics.jsonl while it trains
+            run_dirs=[*self.config.gateway.run_dirs, *([str(run_dir)] if run_dir else [])],
         )
         return BackgroundGateway(gw_cfg).start()
 
@@ -602,7 +626,15 @@ class Trainer:
             )
             row["concat_samples"] = len(samples)
         row.update(stats or {})
+        if row.get("train_s"):  # throughput of the update itself (the run page charts it)
+            row["packed_tokens_per_s"] = row.get("packed_tokens", 0.0) / row["train_s"]
+            row["trained_tokens_per_s"] = row.get("trained_tokens", 0.0) / row["train_s"]
         return row
+
+
+def _without_secrets(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's configuration as trackers store it: no admin key."""
+    return {**config, "gateway": {**config["gateway"], "admin_key": None}}
 
 
 def _is_number(value: Any) -> bool:

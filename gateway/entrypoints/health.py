@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+import logging
 
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.metrics import CONTENT_TYPE
 from gateway.state import State
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger(__name__)
 
 
 @router.get("/healthz")
@@ -22,10 +28,15 @@ async def healthz(state: State) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(state: State) -> PlainTextResponse:
-    gauges = {
-        "turnstile_policy_version": float(state.engine.version),
-        "turnstile_records_committed": float(state.recorder.committed),
-        "turnstile_record_batches": float(state.recorder.batches),
-    }
-    return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> Response:
+    """Prometheus text format; the gauges are read at scrape time."""
+    m = state.metrics
+    m.policy_version.set(state.engine.version)
+    m.records_committed.set(state.recorder.committed)
+    m.record_batches.set(state.recorder.batches)
+    m.engine_queue_depth.set(state.core.pending)
+    try:
+        m.sessions_active.set(await run_in_threadpool(state.repo.count_active_sessions))
+    except SQLAlchemyError:  # the store is down: serve the rest, that is when they matter
+        log.warning("/metrics: could not count active sessions; the store is unreachable")
+    return Response(m.render(), media_type=CONTENT_TYPE)

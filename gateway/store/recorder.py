@@ -11,6 +11,8 @@ import asyncio
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, insert
@@ -35,8 +37,15 @@ class RecordError(RuntimeError):
 
 
 class Recorder:
-    def __init__(self, engine: Engine, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch: int = 256,
+        on_commit: Callable[[float], None] | None = None,
+    ) -> None:
+        """`on_commit(seconds)`: told how long each batch's insert + commit took."""
         self.engine = engine
+        self.on_commit = on_commit
         self.max_batch = max_batch
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -84,11 +93,14 @@ class Recorder:
 
     def _commit(self, batch: list[_Item]) -> None:
         error: BaseException | None = None
+        started = time.perf_counter()
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(CompletionRow), [row for row, _, _ in batch])
             self.committed += len(batch)
             self.batches += 1
+            if self.on_commit is not None:
+                self.on_commit(time.perf_counter() - started)
         except Exception as exc:  # report to every waiter; keep the thread alive
             log.exception("commit of %d completion records failed", len(batch))
             error = exc

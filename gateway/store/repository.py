@@ -15,6 +15,7 @@ from sqlalchemy import Engine, func, select, update
 from gateway.store.codec import unpack_floats, unpack_ints
 from gateway.store.delta import Full, Rebuilder, by_id
 from gateway.store.schema import CompletionRow, SessionRow
+from gateway.store.summaries import SessionFilter, summary_dict, summary_query
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,6 +134,21 @@ class Repository:
             )
             for r in rows
         ]
+
+    def count_active_sessions(self) -> int:
+        s = SessionRow.__table__
+        q = select(func.count()).where(s.c.ended_at.is_(None), s.c.expires_at > time.time())
+        with self.engine.connect() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def session_summaries(
+        self, filters: SessionFilter, limit: int = 50, offset: int = 0
+    ) -> list[dict[str, Any]]:
+        """Sessions, newest first, with their turn / token / reward / drift counts."""
+        now = time.time()
+        with self.engine.connect() as conn:
+            rows = conn.execute(summary_query(filters, limit, offset, now)).all()
+        return [summary_dict(r, now) for r in rows]
 
     # ---- completions -----------------------------------------------------------------
     def completions(self, session_id: str) -> list[dict[str, Any]]:

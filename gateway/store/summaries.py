@@ -1,0 +1,121 @@
+"""One row per session with what a list of sessions is filtered and sorted by.
+
+The viewer's sessions list pages through many sessions, so the counts (turns, tokens,
+reward, drift, errors) are aggregated in SQL, on SQLite and PostgreSQL alike (JSON
+fields through SQLAlchemy's portable JSON accessors), rather than by loading every
+completion.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy import Select, and_, case, false, func, or_, select
+
+from gateway.store.schema import CompletionRow, SessionRow
+
+Status = Literal["active", "ended", "expired"]
+
+
+@dataclass(slots=True)
+class SessionFilter:
+    """Which sessions to list; None means "either"."""
+
+    status: Status | None = None
+    has_reward: bool | None = None
+    drifted: bool | None = None  # some turn's prompt stopped extending its parent's tokens
+    errors: bool | None = None  # a tool call failed to parse, or an answer was aborted
+    # metadata key -> value, e.g. {"run": "math", "step": "3"}; compared as text
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _counts() -> Any:
+    c = CompletionRow.__table__
+    failures = func.coalesce(c.c.diagnostics["tool_parse_failures"].as_integer(), 0)
+    return (
+        select(
+            c.c.session_id,
+            func.count().label("turns"),
+            func.count(c.c.reward).label("rewarded"),
+            func.sum(c.c.reward).label("reward"),
+            func.sum(c.c.prompt_tokens).label("prompt_tokens"),
+            func.sum(c.c.completion_tokens).label("completion_tokens"),
+            func.sum(case((c.c.tokens_continue_parent == false(), 1), else_=0)).label("drifted"),
+            func.sum(case((or_(failures > 0, c.c.finish_reason == "abort"), 1), else_=0)).label(
+                "errors"
+            ),
+        )
+        .group_by(c.c.session_id)
+        .subquery()
+    )
+
+
+def _meta_equals(key: str, value: str) -> Any:
+    """JSON values are compared as text, so `step=3` finds both 3 and "3"."""
+    s = SessionRow.__table__
+    item = s.c.metadata[key]
+    tests = [item.as_string() == value]
+    try:
+        tests.append(item.as_float() == float(value))
+    except ValueError:
+        pass
+    if value in ("true", "false"):
+        tests.append(item.as_boolean() == (value == "true"))
+    return or_(*tests)
+
+
+def summary_query(f: SessionFilter, limit: int, offset: int, now: float | None = None) -> Select:
+    s = SessionRow.__table__
+    counts = _counts()
+    now = time.time() if now is None else now
+    q = select(
+        s.c.id,
+        s.c.created_at,
+        s.c.expires_at,
+        s.c.ended_at,
+        s.c.metadata,
+        func.coalesce(counts.c.turns, 0).label("turns"),
+        func.coalesce(counts.c.rewarded, 0).label("rewarded"),
+        counts.c.reward,
+        func.coalesce(counts.c.prompt_tokens, 0).label("prompt_tokens"),
+        func.coalesce(counts.c.completion_tokens, 0).label("completion_tokens"),
+        func.coalesce(counts.c.drifted, 0).label("drifted"),
+        func.coalesce(counts.c.errors, 0).label("errors"),
+    ).outerjoin(counts, counts.c.session_id == s.c.id)
+    where = []
+    if f.status == "ended":
+        where.append(s.c.ended_at.is_not(None))
+    elif f.status == "active":
+        where += [s.c.ended_at.is_(None), s.c.expires_at > now]
+    elif f.status == "expired":
+        where += [s.c.ended_at.is_(None), s.c.expires_at <= now]
+    for flag, column in ((f.has_reward, counts.c.rewarded), (f.drifted, counts.c.drifted)):
+        if flag is not None:
+            where.append(func.coalesce(column, 0) > 0 if flag else func.coalesce(column, 0) == 0)
+    if f.errors is not None:
+        errors = func.coalesce(counts.c.errors, 0)
+        where.append(errors > 0 if f.errors else errors == 0)
+    where += [_meta_equals(k, v) for k, v in f.metadata.items()]
+    if where:
+        q = q.where(and_(*where))
+    return q.order_by(s.c.created_at.desc(), s.c.id).limit(limit).offset(offset)
+
+
+def summary_dict(r: Any, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    status = "ended" if r.ended_at is not None else ("expired" if r.expires_at <= now else "active")
+    return dict(
+        id=r.id,
+        created_at=r.created_at,
+        status=status,
+        metadata=dict(r.metadata or {}),
+        turns=int(r.turns),
+        rewarded=int(r.rewarded),
+        reward=r.reward,
+        prompt_tokens=int(r.prompt_tokens),
+        completion_tokens=int(r.completion_tokens),
+        drifted=int(r.drifted),
+        errors=int(r.errors),
+    )

@@ -1,0 +1,5 @@
+"""The session viewer and run dashboard (/ui)."""
+
+from gateway.ui.routes import router
+
+__all__ = ["router"]

@@ -1,0 +1,201 @@
+"""`/ui`: the session viewer and run dashboard, server-rendered by the gateway itself.
+
+Pages are Jinja templates; the only script is a token tooltip and the run page's
+charts (uPlot, vendored in static/vendor at a pinned version: no frontend build).
+"""
+
+from __future__ import annotations
+
+import math
+import mimetypes
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from gateway.samples import EXPORT_STYLES
+from gateway.state import GatewayState, State
+from gateway.store.summaries import SessionFilter
+from gateway.ui.access import COOKIE, is_admin
+from gateway.ui.runs import run_dirs, run_metrics
+from gateway.ui.session_view import build_session_view
+from gateway.ui.tokens import TokenTexts
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+# the files /ui/static serves: a fixed set, so no path from a request reaches the disk
+STATIC_FILES = {p.relative_to(STATIC).as_posix(): p for p in STATIC.rglob("*") if p.is_file()}
+PAGE_SIZE = 50
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters["fmt"] = lambda v, d=3: "" if v is None else f"{v:.{d}f}"
+
+
+def _texts(state: GatewayState) -> TokenTexts:
+    cached = state.handlers.get(TokenTexts)
+    if cached is None:
+        cached = state.handlers[TokenTexts] = TokenTexts(state.renderer.tokenizer)
+    return cached
+
+
+def _page(request: Request, name: str, code: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=code)
+
+
+def _error(request: Request, status: int, message: str) -> HTMLResponse:
+    return _page(request, "error.html", status, message=message, status=status)
+
+
+def _gate(request: Request, state: GatewayState) -> Response | None:
+    """None when the caller is the admin; else the key form, or the redirect that
+    moves a `?key=` into a cookie."""
+    if not is_admin(state, request):
+        return _page(request, "login.html", 401, bad_key="key" in request.query_params)
+    key = request.query_params.get("key")
+    if key is None:
+        return None
+    rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "key"])
+    target = request.url.path + (f"?{rest}" if rest else "")
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(COOKIE, key, httponly=True, samesite="strict", path="/ui")
+    return response
+
+
+def _yes_no(value: str | None, yes: str = "yes", no: str = "no") -> bool | None:
+    return True if value == yes else False if value == no else None
+
+
+@router.get("", response_class=HTMLResponse)
+@router.get("/sessions", response_class=HTMLResponse)
+async def sessions_page(
+    request: Request,
+    state: State,
+    status: str | None = None,
+    reward: str | None = None,
+    drift: str | None = None,
+    errors: str | None = None,
+    run: str | None = None,
+    step: str | None = None,
+    agent: str | None = None,
+    meta: Annotated[list[str] | None, Query()] = None,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+) -> Response:
+    if (gate := _gate(request, state)) is not None:
+        return gate
+    if status not in (None, "", "active", "ended", "expired"):
+        return _error(request, 400, f"status must be active, ended or expired, not {status!r}.")
+    metadata = {k: v for k, v in (("run", run), ("step", step), ("agent", agent)) if v}
+    for item in meta or []:
+        if "=" not in item:
+            return _error(request, 400, f"meta filters look like key=value, not {item!r}.")
+        k, v = item.split("=", 1)
+        metadata[k.strip()] = v.strip()
+    filters = SessionFilter(
+        status=status or None,  # type: ignore[arg-type]
+        has_reward=_yes_no(reward, "present", "missing"),
+        drifted=_yes_no(drift),
+        errors=_yes_no(errors),
+        metadata=metadata,
+    )
+    rows = await run_in_threadpool(
+        state.repo.session_summaries, filters, PAGE_SIZE + 1, (page - 1) * PAGE_SIZE
+    )
+    query = [(k, v) for k, v in request.query_params.multi_items() if k != "page"]
+    return _page(
+        request,
+        "sessions.html",
+        sessions=rows[:PAGE_SIZE],
+        page=page,
+        has_next=len(rows) > PAGE_SIZE,
+        params=dict(request.query_params),
+        meta=meta or [],
+        page_url=lambda n: "/ui/sessions?" + urlencode([*query, ("page", n)]),
+    )
+
+
+@router.get("/sessions/{session_id}", response_class=HTMLResponse)
+async def session_page(
+    session_id: str,
+    request: Request,
+    state: State,
+    style: str = "individual",
+    turn_discount: str = "1.0",
+) -> Response:
+    if (gate := _gate(request, state)) is not None:
+        return gate
+    if style not in EXPORT_STYLES:
+        return _error(
+            request, 400, f"Unknown export style {style!r}; known: {sorted(EXPORT_STYLES)}."
+        )
+    try:
+        gamma = float(turn_discount)
+    except ValueError:
+        gamma = math.nan
+    if not 0.0 <= gamma <= 1.0:
+        return _error(
+            request, 400, f"turn_discount must be a number in [0, 1], not {turn_discount!r}."
+        )
+    info = await run_in_threadpool(state.repo.session, session_id)
+    if info is None:
+        return _error(request, 404, f"No session {session_id!r}.")
+    completions = await run_in_threadpool(state.repo.completions, session_id)
+    view = await run_in_threadpool(
+        build_session_view, session_id, completions, _texts(state), style, gamma
+    )
+    return _page(
+        request,
+        "session.html",
+        info=info,
+        view=view,
+        styles=sorted(EXPORT_STYLES),
+        status="ended" if info.ended else ("expired" if info.expired() else "active"),
+    )
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def runs_page(request: Request, state: State) -> Response:
+    if (gate := _gate(request, state)) is not None:
+        return gate
+    return _page(request, "runs.html", runs=run_dirs(state.config.run_dirs))
+
+
+def _run(state: GatewayState, index: int):  # -> RunDir | None
+    runs = run_dirs(state.config.run_dirs)
+    return runs[index] if 0 <= index < len(runs) else None
+
+
+@router.get("/runs/{index}", response_class=HTMLResponse)
+async def run_page(index: int, request: Request, state: State) -> Response:
+    if (gate := _gate(request, state)) is not None:
+        return gate
+    run = _run(state, index)
+    if run is None:
+        return _error(
+            request, 404, f"No run {index}; the gateway knows {len(state.config.run_dirs)}."
+        )
+    return _page(request, "run.html", run=run)
+
+
+@router.get("/runs/{index}/metrics.json")
+async def run_metrics_json(index: int, request: Request, state: State) -> Response:
+    if not is_admin(state, request):
+        return JSONResponse({"error": {"message": "needs the admin key"}}, status_code=401)
+    run = _run(state, index)
+    if run is None:
+        return JSONResponse({"error": {"message": f"no run {index}"}}, status_code=404)
+    return JSONResponse(await run_in_threadpool(run_metrics, run))
+
+
+@router.get("/static/{name:path}")
+async def static(name: str) -> Response:
+    """Open to all: vendored library and stylesheet, nothing recorded."""
+    path = STATIC_FILES.get(name)
+    if path is None:
+        return Response("not found", status_code=404)
+    media = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return FileResponse(path, media_type=media, headers={"Cache-Control": "max-age=3600"})
