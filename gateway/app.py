@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.api_schema import install_openapi
 from gateway.auth import KeyRing
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
@@ -78,4 +79,5 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     for module in ROUTERS:
         app.include_router(module.router)
+    install_openapi(app)
     return app

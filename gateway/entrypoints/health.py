@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
 from gateway.state import State
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+class Health(BaseModel):
+    status: Literal["ok", "engine_unavailable"]
+    engine: str
+    policy_version: int
+
+
+@router.get(
+    "/healthz",
+    response_model=None,
+    responses={
+        200: {"model": Health, "description": "The engine answers."},
+        503: {"model": Health, "description": "The engine does not answer."},
+    },
+)
 async def healthz(state: State) -> JSONResponse:
     ok = await state.engine.health()
     body = {
@@ -21,7 +37,11 @@ async def healthz(state: State) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(state: State) -> PlainTextResponse:
     gauges = {
         "turnstile_policy_version": float(state.engine.version),

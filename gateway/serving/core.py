@@ -44,6 +44,7 @@ from gateway.inference.base import (
 )
 from gateway.lru import LRU
 from gateway.metrics import Metrics
+from gateway.serving.quotas import QuotaGuard
 from gateway.serving.turn import (
     ChoiceOutput,
     Link,
@@ -60,15 +61,18 @@ log = logging.getLogger(__name__)
 
 
 class Admission:
-    """A request's share of `max_pending_requests`; released exactly once."""
+    """A request's share of `max_pending_requests` and of its session's quotas;
+    released exactly once."""
 
-    def __init__(self, core: ServingCore, n: int) -> None:
-        self._core, self._n = core, n
+    def __init__(self, core: ServingCore, n: int, session_id: str | None = None) -> None:
+        self._core, self._n, self._session_id = core, n, session_id
 
     def release(self) -> None:
         if self._n:
             self._core.pending -= self._n
             self._n = 0
+            if self._session_id is not None:
+                self._core.quotas.release(self._session_id)
 
     def __enter__(self) -> Admission:
         return self
@@ -134,6 +138,7 @@ class ServingCore:
             raise ValueError(f"history {config.history!r}: one of {HISTORY_MODES}")
         self.history = config.history
         self.pending = 0
+        self.quotas = QuotaGuard()
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: LRU[tuple[str, str], Parent] = LRU(
             config.parent_cache_size,
@@ -148,7 +153,29 @@ class ServingCore:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- before generating -----------------------------------------------------------
-    def admit(self, n: int) -> Admission:
+    async def admit(self, session: SessionInfo, turns: list[Turn], per_turn: int) -> Admission:
+        """429 when the gateway is full or a session quota is spent; a session with a
+        token quota has each answer capped at the tokens it has left."""
+        recorded = None
+        if session.quotas:
+            recorded = await run_in_threadpool(self.repo.session_usage, session.id)
+        # No await from here on: the checks and the counts they guard change together.
+        n = len(turns) * per_turn
+        self._admit_pending(n)
+        if recorded is None:
+            return Admission(self, n)
+        try:
+            budget = self.quotas.reserve(session, n, recorded)
+        except APIError:
+            self.pending -= n
+            raise
+        if budget is not None:
+            for turn in turns:
+                cap = min(turn.params.max_new_tokens, budget)
+                turn.params = replace(turn.params, max_new_tokens=cap)
+        return Admission(self, n, session.id)
+
+    def _admit_pending(self, n: int) -> None:
         if self.pending + n > self.max_pending:
             self.metrics.inc("turnstile_rejected_requests_total")
             raise APIError(
@@ -159,7 +186,6 @@ class ServingCore:
                 headers={"retry-after": "1"},
             )
         self.pending += n
-        return Admission(self, n)
 
     def sampling_params(
         self,
