@@ -66,11 +66,13 @@ def gateway_factory(tmp_path, tokenizer, monkeypatch) -> Iterator[Callable[..., 
         )
         engine = FakeEngine(**engine_kwargs)
         config = GatewayConfig(
-            port=0,
-            database=str(tmp_path / f"t{len(started)}.db"),
-            admin_key=ADMIN_KEY,
-            engine="fake",
-            **(config or {}),
+            **{
+                "port": 0,
+                "database": str(tmp_path / f"t{len(started)}.db"),
+                "admin_key": ADMIN_KEY,
+                "engine": "fake",
+                **(config or {}),  # e.g. one `database` for several replicas
+            }
         )
         gw = BackgroundGateway(config, engine=engine).start()
         started.append(gw)
