@@ -151,3 +151,28 @@ def test_fuzz_every_route(app, schema, who) -> None:
     assert not tally.failures, "\n\n".join(tally.failures[:10])
     assert all(per_route.values()), per_route  # every route was reached
     assert tally.cases >= MIN_CASES_PER_KEY, per_route
+
+
+# ---- what the fuzzer found, kept as plain tests ------------------------------------
+def test_huge_offset_is_400(fake_gateway, http) -> None:
+    r = http.get(f"{fake_gateway.url}/sessions?offset={2**66}", headers=admin_headers())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "query.offset"
+
+
+def test_integers_beyond_64_bits_are_recorded_exactly(fake_gateway, http, new_session) -> None:
+    """A client's own field may hold any JSON integer; its record must still commit."""
+    sid, key = new_session(fake_gateway)
+    big = 2**70 + 1
+    body = {"messages": [{"role": "user", "content": "hi"}], "x_trace": [big, -big]}
+    r = http.post(f"{fake_gateway.url}/chat/completions", headers=bearer(key), json=body)
+    assert r.status_code == 200, r.text
+    stored = http.get(f"{fake_gateway.url}/sessions/{sid}", headers=bearer(key)).json()
+    assert stored["completions"][0]["request"]["x_trace"] == [big, -big]
+
+
+def test_seed_beyond_64_bits_is_400(fake_gateway, http, new_session) -> None:
+    _, key = new_session(fake_gateway)
+    body = {"messages": [{"role": "user", "content": "hi"}], "seed": 2**64}
+    r = http.post(f"{fake_gateway.url}/chat/completions", headers=bearer(key), json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
