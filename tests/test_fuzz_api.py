@@ -164,11 +164,23 @@ def test_integers_beyond_64_bits_are_recorded_exactly(fake_gateway, http, new_se
     """A client's own field may hold any JSON integer; its record must still commit."""
     sid, key = new_session(fake_gateway)
     big = 2**70 + 1
-    body = {"messages": [{"role": "user", "content": "hi"}], "x_trace": [big, -big]}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "count",
+            "parameters": {"type": "object", "properties": {"n": {"maximum": big}}},
+        },
+    }  # tools are hashed (to link turns) as well as stored
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "x_trace": [big, -big],
+        "tools": [tool],
+    }
     r = http.post(f"{fake_gateway.url}/chat/completions", headers=bearer(key), json=body)
     assert r.status_code == 200, r.text
     stored = http.get(f"{fake_gateway.url}/sessions/{sid}", headers=bearer(key)).json()
     assert stored["completions"][0]["request"]["x_trace"] == [big, -big]
+    assert stored["completions"][0]["request"]["tools"] == [tool]
 
 
 def test_seed_beyond_64_bits_is_400(fake_gateway, http, new_session) -> None:
