@@ -7,6 +7,7 @@ shows each limit with what the session has used of it.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -71,7 +72,7 @@ def test_max_concurrent_requests(gateway_factory, http) -> None:
     slow.start()
     deadline = 50
     while quotas_of(http, url, sid)["concurrent_requests"] == 0 and deadline:
-        threading.Event().wait(0.05)
+        time.sleep(0.05)
         deadline -= 1
     assert quotas_of(http, url, sid)["concurrent_requests"] == 1
     r = chat(http, url, key)
@@ -116,3 +117,20 @@ def test_bad_quotas_are_400(fake_gateway, http) -> None:
     for quotas in ({"max_requests": 0}, {"max_generated_tokens": -1}, {"per_hour": 3}):
         r = http.post(f"{url}/sessions", headers=admin_headers(), json={"quotas": quotas})
         assert assert_error_shape(r, 400)["param"].startswith("quotas")
+
+
+def test_a_burst_never_exceeds_max_requests(gateway_factory, http) -> None:
+    """Eight requests at once on a session allowed three: exactly three are served."""
+    gw = gateway_factory(delay_s=0.2)
+    sid, key = new_session(http, gw.url, max_requests=3)
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: statuses.append(chat(http, gw.url, key).status_code))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(statuses) == [200] * 3 + [429] * 5
+    assert quotas_of(http, gw.url, sid)["requests"] == 3

@@ -153,13 +153,15 @@ class ServingCore:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- before generating -----------------------------------------------------------
-    async def admit(self, session: SessionInfo, turns: list[Turn], per_turn: int) -> Admission:
+    def admit(self, session: SessionInfo, turns: list[Turn], per_turn: int) -> Admission:
         """429 when the gateway is full or a session quota is spent; a session with a
-        token quota has each answer capped at the tokens it has left."""
-        recorded = None
-        if session.quotas:
-            recorded = await run_in_threadpool(self.repo.session_usage, session.id)
-        # No await from here on: the checks and the counts they guard change together.
+        token quota has each answer capped at the tokens it has left.
+
+        Synchronous: the checks and the counts they guard change together. So a
+        session with quotas reads its usage on the event loop (one indexed query, as a
+        key-cache miss does); an await between that read and the count would let a
+        request that finishes meanwhile be counted neither as recorded nor in flight."""
+        recorded = self.repo.session_usage(session.id) if session.quotas else None
         n = len(turns) * per_turn
         self._admit_pending(n)
         if recorded is None:
