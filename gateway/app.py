@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway import ui
+from gateway.api_schema import install_openapi
 from gateway.auth import KeyRing
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
@@ -82,4 +83,5 @@ def create_app(
     app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status
     for module in ROUTERS:
         app.include_router(module.router)
+    install_openapi(app)
     return app

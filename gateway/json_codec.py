@@ -10,20 +10,52 @@ strict readers refuse, or raise).
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import orjson
 
 
 def dumps(data: Any) -> bytes:
-    return orjson.dumps(data)
+    try:
+        return orjson.dumps(data)
+    except orjson.JSONEncodeError:
+        return _dumps_slow(data).encode()
 
 
 def dumps_text(data: Any) -> str:
     """For a library that wants `str` (SQLAlchemy's JSON columns)."""
-    return orjson.dumps(data).decode()
+    try:
+        return orjson.dumps(data).decode()
+    except orjson.JSONEncodeError:
+        return _dumps_slow(data)
 
 
 def dumps_sorted(data: Any) -> bytes:
     """Canonical bytes for hashing: keys sorted, anything unusual written as its str."""
-    return orjson.dumps(data, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    try:
+        return orjson.dumps(
+            data, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+        )
+    except orjson.JSONEncodeError:
+        return _dumps_slow(data, sort_keys=True).encode()
+
+
+def _dumps_slow(data: Any, sort_keys: bool = False) -> str:
+    """orjson refuses integers beyond 64 bits, which JSON allows and a client may send
+    in a field of its own (found by the fuzzer: such a request failed to record). The
+    standard library writes them exactly; non-finite floats still become null."""
+    return json.dumps(
+        _finite(data), separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys, default=str
+    )
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data

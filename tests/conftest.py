@@ -115,7 +115,7 @@ def gateway_factory(
                 "database": new_database(),
                 "admin_key": ADMIN_KEY,
                 "engine": "fake",
-                **(config or {}),
+                **(config or {}),  # e.g. one `database` for several replicas
             }
         )
         gw = BackgroundGateway(config, engine=engine).start()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.metrics import CONTENT_TYPE
@@ -16,7 +18,20 @@ router = APIRouter(tags=["health"])
 log = logging.getLogger(__name__)
 
 
-@router.get("/healthz")
+class Health(BaseModel):
+    status: Literal["ok", "engine_unavailable"]
+    engine: str
+    policy_version: int
+
+
+@router.get(
+    "/healthz",
+    response_model=None,
+    responses={
+        200: {"model": Health, "description": "The engine answers."},
+        503: {"model": Health, "description": "The engine does not answer."},
+    },
+)
 async def healthz(state: State) -> JSONResponse:
     ok = await state.engine.health()
     body = {
@@ -27,7 +42,11 @@ async def healthz(state: State) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(state: State) -> Response:
     """Prometheus text format; the gauges are read at scrape time."""
     m = state.metrics

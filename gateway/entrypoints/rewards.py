@@ -8,7 +8,9 @@ from fastapi import APIRouter, Body
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt
 
+from gateway.api_schema import errors, json_200
 from gateway.auth import Caller
+from gateway.entrypoints.session_protocol import RewardList
 from gateway.errors import APIError, check_finite
 from gateway.state import AnyCaller, GatewayState, State
 
@@ -62,7 +64,10 @@ async def _apply(state: GatewayState, caller: Caller, rewards: dict[str, Any]) -
     }
 
 
-@router.post("/rewards")
+_REPLIES = {**json_200(RewardList, "The rewards as stored."), **errors(400, 401, 404)}
+
+
+@router.post("/rewards", response_model=None, responses=_REPLIES)
 async def set_rewards(body: RewardRequest, state: State, caller: AnyCaller) -> dict[str, Any]:
     if body.completion_id is not None and body.reward is None:
         raise APIError(
@@ -71,7 +76,7 @@ async def set_rewards(body: RewardRequest, state: State, caller: AnyCaller) -> d
     return await _apply(state, caller, body.as_map())
 
 
-@router.put("/completions/{completion_id}/reward")
+@router.put("/completions/{completion_id}/reward", response_model=None, responses=_REPLIES)
 async def put_reward(
     completion_id: str,
     state: State,

@@ -3,40 +3,31 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.auth import Caller, new_session_key
+from gateway.api_schema import errors, json_200
+from gateway.auth import Caller, hash_key, new_session_key
+from gateway.entrypoints.session_protocol import (
+    CreatedSession,
+    CreateSessionRequest,
+    SessionDetail,
+    SessionExport,
+    SessionList,
+    SessionView,
+)
 from gateway.errors import APIError
 from gateway.samples import NoRewardError, export_session
+from gateway.serving.quotas import Usage
 from gateway.state import Admin, AnyCaller, GatewayState, State
 from gateway.store.repository import SessionInfo
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-class SessionSampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-
-
-class CreateSessionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    ttl_seconds: float = Field(default=24 * 3600, gt=0, le=30 * 24 * 3600)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    # forced on every request of the session, whatever the agent asks (e.g. greedy eval)
-    sampling: SessionSampling | None = None
-    # how its turns' prompts are built (see GatewayConfig.history); none: the gateway's
-    history: Literal["template", "token_exact"] | None = None
-
-
-def _session_view(info: SessionInfo) -> dict[str, Any]:
+def _session_view(info: SessionInfo, usage: Usage) -> dict[str, Any]:
     return {
         "id": info.id,
         "created_at": info.created_at,
@@ -46,7 +37,15 @@ def _session_view(info: SessionInfo) -> dict[str, Any]:
         "metadata": info.meta,
         "sampling": info.sampling,
         "history": info.history,
+        "quotas": usage.view(info.quotas),
     }
+
+
+def _usage(state: GatewayState, info: SessionInfo, completions: list[dict[str, Any]]) -> Usage:
+    """What the session has used of its quotas: its records, plus what generates here."""
+    requests = sum(1 for c in completions if c["choice_index"] == 0)
+    tokens = sum(c["completion_tokens"] for c in completions)
+    return state.core.quotas.usage(info.id, (requests, tokens))
 
 
 def _owned_session(state: GatewayState, caller: Caller, session_id: str) -> SessionInfo:
@@ -63,7 +62,15 @@ def _owned_session(state: GatewayState, caller: Caller, session_id: str) -> Sess
     return info
 
 
-@router.post("", status_code=201)
+@router.post(
+    "",
+    status_code=201,
+    response_model=None,
+    responses={
+        201: {"model": CreatedSession, "description": "The session, with its API key."},
+        **errors(400, 401, 403),
+    },
+)
 async def create_session(
     state: State,
     _: Admin,
@@ -71,8 +78,6 @@ async def create_session(
 ) -> dict[str, Any]:
     body = body or CreateSessionRequest()
     key = new_session_key()
-    from gateway.auth import hash_key
-
     session_id = "sess-" + uuid.uuid4().hex
     ttl = (
         min(body.ttl_seconds, state.config.session_ttl_s)
@@ -87,30 +92,42 @@ async def create_session(
         body.metadata,
         body.sampling.model_dump(exclude_none=True) if body.sampling else None,
         body.history,
+        body.quotas.model_dump(exclude_none=True) if body.quotas else None,
     )
     state.keys.remember(key, info)
     state.metrics.inc("turnstile_sessions_created_total")
-    return {**_session_view(info), "api_key": key}
+    return {**_session_view(info, Usage()), "api_key": key}
 
 
-@router.get("")
+@router.get(
+    "",
+    response_model=None,
+    responses={**json_200(SessionList, "Sessions, newest first."), **errors(400, 401, 403)},
+)
 async def list_sessions(
     state: State,
     _: Admin,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, lt=2**63)] = 0,  # SQL's bigint (fuzzer: 500)
 ) -> dict[str, Any]:
     rows = await run_in_threadpool(state.repo.list_sessions, limit, offset)
     return {"object": "list", "data": rows}
 
 
-@router.get("/{session_id}")
+@router.get(
+    "/{session_id}",
+    response_model=None,
+    responses={
+        **json_200(SessionDetail, "The session with all its completions."),
+        **errors(401, 404),
+    },
+)
 async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[str, Any]:
     info = await run_in_threadpool(_owned_session, state, caller, session_id)
     completions = await run_in_threadpool(state.repo.completions, session_id)
     mismatched = sum(1 for c in completions if c["tokens_continue_parent"] is False)
     return {
-        **_session_view(info),
+        **_session_view(info, _usage(state, info, completions)),
         "completions": completions,
         "stats": {
             "num_completions": len(completions),
@@ -135,16 +152,28 @@ def _drift_causes(completions: list[dict[str, Any]]) -> dict[str, int]:
     return causes
 
 
-@router.post("/{session_id}/end")
+@router.post(
+    "/{session_id}/end",
+    response_model=None,
+    responses={**json_200(SessionView, "The ended session."), **errors(401, 404)},
+)
 async def end_session(session_id: str, state: State, caller: AnyCaller) -> dict[str, Any]:
     await run_in_threadpool(_owned_session, state, caller, session_id)
     info = await run_in_threadpool(state.repo.end_session, session_id)
     assert info is not None
     state.keys.forget(session_id)
-    return _session_view(info)
+    recorded = await run_in_threadpool(state.repo.session_usage, session_id)
+    return _session_view(info, state.core.quotas.usage(session_id, recorded))
 
 
-@router.get("/{session_id}/export")
+@router.get(
+    "/{session_id}/export",
+    response_model=None,
+    responses={
+        **json_200(SessionExport, "The session as training samples."),
+        **errors(400, 401, 404, 409),
+    },
+)
 async def export(
     session_id: str,
     state: State,

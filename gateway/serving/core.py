@@ -44,6 +44,7 @@ from gateway.inference.base import (
 )
 from gateway.lru import LRU
 from gateway.metrics import Metrics
+from gateway.serving.quotas import QuotaGuard
 from gateway.serving.turn import (
     ChoiceOutput,
     Link,
@@ -63,15 +64,18 @@ RETRY_POLL_S = 0.1
 
 
 class Admission:
-    """A request's share of `max_pending_requests`; released exactly once."""
+    """A request's share of `max_pending_requests` and of its session's quotas;
+    released exactly once."""
 
-    def __init__(self, core: ServingCore, n: int) -> None:
-        self._core, self._n = core, n
+    def __init__(self, core: ServingCore, n: int, session_id: str | None = None) -> None:
+        self._core, self._n, self._session_id = core, n, session_id
 
     def release(self) -> None:
         if self._n:
             self._core.pending -= self._n
             self._n = 0
+            if self._session_id is not None:
+                self._core.quotas.release(self._session_id)
 
     def __enter__(self) -> Admission:
         return self
@@ -160,6 +164,7 @@ class ServingCore:
             raise ValueError(f"history {config.history!r}: one of {HISTORY_MODES}")
         self.history = config.history
         self.pending = 0
+        self.quotas = QuotaGuard()
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: LRU[tuple[str, str], Parent] = LRU(
             config.parent_cache_size,
@@ -177,7 +182,31 @@ class ServingCore:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- before generating -----------------------------------------------------------
-    def admit(self, n: int) -> Admission:
+    def admit(self, session: SessionInfo, turns: list[Turn], per_turn: int) -> Admission:
+        """429 when the gateway is full or a session quota is spent; a session with a
+        token quota has each answer capped at the tokens it has left.
+
+        Synchronous: the checks and the counts they guard change together. So a
+        session with quotas reads its usage on the event loop (one indexed query, as a
+        key-cache miss does); an await between that read and the count would let a
+        request that finishes meanwhile be counted neither as recorded nor in flight."""
+        recorded = self.repo.session_usage(session.id) if session.quotas else None
+        n = len(turns) * per_turn
+        self._admit_pending(n)
+        if recorded is None:
+            return Admission(self, n)
+        try:
+            budget = self.quotas.reserve(session, n, recorded)
+        except APIError:
+            self.pending -= n
+            raise
+        if budget is not None:
+            for turn in turns:
+                cap = min(turn.params.max_new_tokens, budget)
+                turn.params = replace(turn.params, max_new_tokens=cap)
+        return Admission(self, n, session.id)
+
+    def _admit_pending(self, n: int) -> None:
         if self.pending + n > self.max_pending:
             self.metrics.inc("turnstile_rejected_requests_total")
             raise APIError(
@@ -188,7 +217,6 @@ class ServingCore:
                 headers={"retry-after": "1"},
             )
         self.pending += n
-        return Admission(self, n)
 
     def sampling_params(
         self,

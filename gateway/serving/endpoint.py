@@ -116,7 +116,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         if session.sampling:
             for turn in p.turns:
                 self.core.force_sampling(turn, session.sampling)
-        admission = self.core.admit(n)
+        admission = self.core.admit(session, p.turns, p.per_turn)
         tracked = self.core.track(session.id, retry.body_hash)
         try:
             await tracked.publish()

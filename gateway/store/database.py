@@ -34,6 +34,7 @@ def open_database(path_or_url: str | Path) -> Engine:
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
             json_serializer=json_codec.dumps_text,
+            hide_parameters=True,  # see below
         )
 
         @event.listens_for(engine, "connect")
@@ -52,6 +53,9 @@ def open_database(path_or_url: str | Path) -> Engine:
             pool_size=10,
             max_overflow=20,
             json_serializer=json_codec.dumps_text,
+            # A failed statement's error would otherwise carry its parameters (prompts,
+            # key hashes) into the log; the gateway logs no prompt text.
+            hide_parameters=True,
         )
     migrate(engine)
     return engine

@@ -27,6 +27,7 @@ class SessionInfo:
     created_at: float
     sampling: dict[str, Any] | None = None  # forced on every request of the session
     history: str | None = None  # how its prompts are built (None: the gateway's default)
+    quotas: dict[str, int] | None = None  # its limits (SessionQuotas fields), None: none
 
     @property
     def ended(self) -> bool:
@@ -49,6 +50,7 @@ class Repository:
         meta: dict[str, Any],
         sampling: dict[str, Any] | None = None,
         history: str | None = None,
+        quotas: dict[str, int] | None = None,
     ) -> SessionInfo:
         now = time.time()
         row = dict(
@@ -60,10 +62,11 @@ class Repository:
             metadata=meta,
             sampling=sampling,
             history=history,
+            quotas=quotas,
         )
         with self.engine.begin() as conn:
             conn.execute(SessionRow.__table__.insert(), [row])
-        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling, history)
+        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling, history, quotas)
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
         table = SessionRow.__table__
@@ -149,6 +152,20 @@ class Repository:
         with self.engine.connect() as conn:
             rows = conn.execute(summary_query(filters, limit, offset, now)).all()
         return [summary_dict(r, now) for r in rows]
+
+    def session_usage(self, session_id: str) -> tuple[int, int]:
+        """(requests, generated tokens) recorded for the session, what its quotas count.
+
+        A request is its first choice's row; a completions request with several prompts
+        counts once per prompt."""
+        c = CompletionRow.__table__
+        q = select(
+            func.count(c.c.id).filter(c.c.choice_index == 0),
+            func.coalesce(func.sum(c.c.completion_tokens), 0),
+        ).where(c.c.session_id == session_id)
+        with self.engine.connect() as conn:
+            requests, tokens = conn.execute(q).one()
+        return int(requests), int(tokens)
 
     # ---- completions -----------------------------------------------------------------
     def completions(self, session_id: str) -> list[dict[str, Any]]:
@@ -287,6 +304,7 @@ def _row_info(row: Any) -> SessionInfo:
         m["created_at"],
         m["sampling"],
         m["history"],
+        m["quotas"],
     )
 
 

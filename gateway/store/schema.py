@@ -26,6 +26,8 @@ class SessionRow(Base):
     sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     # how its turns' prompts are built (template | token_exact); NULL: the gateway's default
     history: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # limits on its requests, generated tokens and concurrency (SessionQuotas); NULL: none
+    quotas: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
 
 class CompletionRow(Base):

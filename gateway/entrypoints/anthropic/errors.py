@@ -11,9 +11,10 @@ by the SDK).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 
 from gateway.errors import APIError
 
@@ -35,6 +36,22 @@ _TYPES = {
 # gateway statuses that Anthropic's API answers otherwise
 _STATUS = {409: 400, 422: 400, 503: OVERLOADED}
 _STATUS_BY_CODE = {"too_many_pending_requests": OVERLOADED, "engine_timeout": 504}
+
+
+class AnthropicErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Anthropic's error shape, as the OpenAPI document declares it for these routes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from openai.types import Model
+from pydantic import BaseModel
 
+from gateway.api_schema import errors, json_200
 from gateway.state import Session, State
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-@router.get("/models")
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
+
+
+@router.get(
+    "/models",
+    response_model=None,
+    responses={**json_200(ModelList, "The served model."), **errors(401, 410)},
+)
 async def list_models(caller: Session, state: State) -> dict[str, Any]:
     model = Model(
         id=state.config.served_model_name,

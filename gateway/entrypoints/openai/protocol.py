@@ -19,7 +19,8 @@ class OpenAIRequest(BaseModel):
     model: str = "default"
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    # what torch, vLLM and SGLang take (a larger one crashed the embedded engine)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     stream: bool = False
 
 

@@ -17,14 +17,30 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from gateway import json_codec
+from gateway.api_schema import errors
 from gateway.serving.endpoint import RetryIdentity
 from gateway.serving.turn import request_hash
 
+# one server-sent event (OpenAPI < 3.2 describes each event of a stream, not the stream)
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+}
+
 
 def openai_route(
-    path: str, request_model: type[BaseModel], serving_cls: type, tag: str = "openai"
+    path: str,
+    request_model: type[BaseModel],
+    serving_cls: type,
+    reply_model: type[BaseModel] | None = None,
+    more_errors: tuple[int, ...] = (),
+    tag: str = "openai",
 ) -> APIRouter:
-    """`POST /v1<path>`, served by `serving_cls` (any `OpenAIServing`, whatever its API)."""
+    """`POST /v1<path>`, served by `serving_cls` (any `OpenAIServing`, whatever its API).
+
+    `reply_model`: the type of a whole (non-streamed) answer, for the OpenAPI document;
+    `more_errors`: statuses this endpoint answers beyond every generating route's."""
     router = APIRouter(prefix="/v1", tags=[tag])
     body_schema = {
         "requestBody": {
@@ -32,8 +48,22 @@ def openai_route(
             "content": {"application/json": {"schema": request_model.model_json_schema()}},
         }
     }
+    replies = {
+        200: {
+            "model": reply_model,
+            "description": "The answer; with `stream: true`, server-sent events.",
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+        },
+        **errors(400, 401, 410, 422, 429, 503, *more_errors, path=f"/v1{path}"),
+    }
 
-    @router.post(path, response_model=None, name=serving_cls.__name__, openapi_extra=body_schema)
+    @router.post(
+        path,
+        response_model=None,
+        name=serving_cls.__name__,
+        openapi_extra=body_schema,
+        responses=replies,
+    )
     async def route(request: Request) -> Any:
         state = request.app.state.gateway
         caller = state.keys.resolve(request, allow_admin=False)

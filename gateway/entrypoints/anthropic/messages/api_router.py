@@ -5,19 +5,42 @@ Anthropic's shape (errors.py)."""
 from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel
 
-from gateway.entrypoints.anthropic.errors import PREFIX, anthropic_error_response
+from gateway.api_schema import errors, register_error_model
+from gateway.entrypoints.anthropic.errors import (
+    OVERLOADED,
+    PREFIX,
+    AnthropicErrorResponse,
+    anthropic_error_response,
+)
 from gateway.entrypoints.anthropic.messages.protocol import CountTokensRequest, MessagesRequest
 from gateway.entrypoints.anthropic.messages.serving import MessagesServing
 from gateway.entrypoints.openai.route import openai_route, parse_body
 from gateway.errors import register_error_shape
 
 register_error_shape(PREFIX, anthropic_error_response)
+register_error_model(PREFIX, AnthropicErrorResponse)
 
-router = openai_route("/messages", MessagesRequest, MessagesServing, "anthropic")
+
+class CountTokens(BaseModel):
+    input_tokens: int
 
 
-@router.post("/messages/count_tokens")
+router = openai_route(
+    "/messages", MessagesRequest, MessagesServing, more_errors=(404, 504, OVERLOADED),
+    tag="anthropic",
+)  # fmt: skip
+
+
+@router.post(
+    "/messages/count_tokens",
+    response_model=None,
+    responses={
+        200: {"model": CountTokens, "description": "The prompt's length in tokens."},
+        **errors(400, 401, 410, 504, OVERLOADED, path=PREFIX),
+    },
+)
 async def count_tokens(request: Request) -> dict[str, Any]:
     """The prompt's token count, from the same rendering `/v1/messages` generates from."""
     state = request.app.state.gateway

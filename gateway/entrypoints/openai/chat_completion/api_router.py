@@ -1,7 +1,11 @@
 """`POST /v1/chat/completions`: a thin route; the work is in serving.py."""
 
+from openai.types.chat import ChatCompletion
+
 from gateway.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from gateway.entrypoints.openai.chat_completion.serving import ChatCompletionServing
 from gateway.entrypoints.openai.route import openai_route
 
-router = openai_route("/chat/completions", ChatCompletionRequest, ChatCompletionServing)
+router = openai_route(
+    "/chat/completions", ChatCompletionRequest, ChatCompletionServing, ChatCompletion
+)

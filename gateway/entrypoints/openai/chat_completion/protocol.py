@@ -18,9 +18,29 @@ from gateway.serving.endpoint import Answer
 from gateway.serving.turn import TextDelta
 from gateway.sse import SSE_DONE
 
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# what the OpenAPI document says a message is (checked by the validator below and by
+# the template; the model keeps plain dicts, which is all the template needs)
+_MESSAGE_SCHEMA = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"enum": list(_ROLES)},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "object"}},
+                {"type": "null"},
+            ]
+        },
+    },
+}
+
 
 class ChatCompletionRequest(ChoicesRequest):
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(
+        min_length=1, json_schema_extra={"items": _MESSAGE_SCHEMA}
+    )
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
@@ -33,7 +53,7 @@ class ChatCompletionRequest(ChoicesRequest):
     def _messages_have_roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, m in enumerate(messages):
             role = m.get("role")
-            if role not in ("system", "developer", "user", "assistant", "tool", "function"):
+            if role not in _ROLES:
                 raise ValueError(
                     f"messages[{i}].role must be system/user/assistant/tool, got {role!r}"
                 )

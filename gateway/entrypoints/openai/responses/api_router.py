@@ -1,7 +1,9 @@
 """`POST /v1/responses`: a thin route; the work is in serving.py."""
 
+from openai.types.responses import Response
+
 from gateway.entrypoints.openai.responses.protocol import ResponsesRequest
 from gateway.entrypoints.openai.responses.serving import ResponsesServing
 from gateway.entrypoints.openai.route import openai_route
 
-router = openai_route("/responses", ResponsesRequest, ResponsesServing)
+router = openai_route("/responses", ResponsesRequest, ResponsesServing, Response, (404,))

@@ -1,0 +1,95 @@
+"""Per-session quotas: most requests, most generated tokens, most requests at once.
+
+Optional, set when the session is created (`quotas` in POST /v1/sessions). A request
+past one is a 429 with code `quota_exceeded` before any work is done. Requests and
+tokens are counted from the session's committed records, so every gateway replica
+sharing the database sees the same totals; requests still generating are counted by
+the replica serving them (concurrency is a per-replica limit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import APIError
+from gateway.store.repository import SessionInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a session has used: recorded requests and output tokens, plus in flight."""
+
+    requests: int = 0
+    generated_tokens: int = 0
+    concurrent_requests: int = 0
+
+    def view(self, quotas: dict[str, int] | None) -> dict[str, Any]:
+        """The session's `quotas` field: each limit (None: none) and the usage so far."""
+        limits = quotas or {}
+        return {
+            "max_requests": limits.get("max_requests"),
+            "max_generated_tokens": limits.get("max_generated_tokens"),
+            "max_concurrent_requests": limits.get("max_concurrent_requests"),
+            "requests": self.requests,
+            "generated_tokens": self.generated_tokens,
+            "concurrent_requests": self.concurrent_requests,
+        }
+
+
+class QuotaGuard:
+    """Counts each session's requests in flight here and refuses what a quota forbids."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, int] = {}  # session id -> requests generating here
+
+    def usage(self, session_id: str, recorded: tuple[int, int]) -> Usage:
+        """`recorded`: (requests, generated tokens) committed for the session."""
+        inflight = self._inflight.get(session_id, 0)
+        return Usage(recorded[0] + inflight, recorded[1], inflight)
+
+    def reserve(self, session: SessionInfo, choices: int, recorded: tuple[int, int]) -> int | None:
+        """Count one request (of `choices` answers) as in flight; the output tokens each
+        answer may still generate (None: no token quota).
+
+        Synchronous on purpose: check and count must not be split by an await, or two
+        requests could both take the last free slot."""
+        limits = session.quotas or {}
+        used = self.usage(session.id, recorded)
+        _check(limits, "max_concurrent_requests", used.concurrent_requests + 1, retry=True)
+        _check(limits, "max_requests", used.requests + 1, retry=False)
+        budget = None
+        max_tokens = limits.get("max_generated_tokens")
+        if max_tokens is not None:
+            _check(limits, "max_generated_tokens", used.generated_tokens + 1, retry=False)
+            budget = max((max_tokens - used.generated_tokens) // max(choices, 1), 1)
+        self._inflight[session.id] = self._inflight.get(session.id, 0) + 1
+        return budget
+
+    def release(self, session_id: str) -> None:
+        left = self._inflight.get(session_id, 1) - 1
+        if left <= 0:
+            self._inflight.pop(session_id, None)
+        else:
+            self._inflight[session_id] = left
+
+
+_WHAT = {
+    "max_concurrent_requests": "requests generating at once",
+    "max_requests": "requests",
+    "max_generated_tokens": "generated tokens",
+}
+
+
+def _check(limits: dict[str, int], name: str, wanted: int, *, retry: bool) -> None:
+    limit = limits.get(name)
+    if limit is None or wanted <= limit:
+        return
+    raise APIError(
+        429,
+        f"This session's quota of {limit} {_WHAT[name]} is spent ({name}).",
+        code="quota_exceeded",
+        param=f"quotas.{name}",
+        retryable=retry,
+        headers={"retry-after": "1"} if retry else None,
+    )
