@@ -63,6 +63,8 @@ ANSWER = (
 )
 PASS, GATEWAY = "pass-through", "gateway"
 # Which library a py-spy sample is charged to: the innermost frame whose file matches.
+# where an idle thread's stack ends (py-spy samples every thread, busy or not)
+IDLE = ("select (selectors", "Condition.wait", "Queue.get", "Event.wait", "poll (selectors")
 OWNERS = {
     "routing, middleware (starlette, fastapi)": ("starlette/", "fastapi/"),
     "HTTP server (uvicorn, h11, httptools)": ("uvicorn/", "h11/", "httptools/"),
@@ -176,8 +178,8 @@ def profile_table(raw: Path) -> list[str]:
         if not n.isdigit():
             continue
         frames = stack.split(";")
-        if any("select" in f and "selectors" in f for f in frames[-1:]):
-            continue  # idle: the loop waiting for the network
+        if any(mark in frames[-1] for mark in IDLE):
+            continue  # idle: the loop waiting for the network, a thread waiting for work
         owner = next(
             (
                 name
