@@ -299,6 +299,54 @@ def _metric(vllm: VLLMServer, name: str) -> float:
     )
 
 
+@pytest.fixture(params=["embedded", "vllm"])
+def either_gateway(request) -> BackgroundGateway:
+    """The same checks on the embedded engine and on the real vLLM server."""
+    return request.getfixturevalue("embedded_gateway" if request.param == "embedded" else "gw")
+
+
+def test_the_same_gateway_behaviour_on_both_engines(either_gateway):
+    """Greedy decoding, `max_tokens`, stop strings, streaming and logprobs behave the
+    same through the gateway whichever engine serves: one test, run on each."""
+    gw = either_gateway
+    session_id, key = create_session(gw.url)
+    with http_client() as client:
+        greedy = [chat(client, gw, key, max_tokens=12, temperature=0, logprobs=True) for _ in "ab"]
+        assert all(r.status_code == 200 for r in greedy), greedy[0].text
+        texts = [r.json()["choices"][0]["message"]["content"] for r in greedy]
+        recs = [completion_record(gw, session_id, r.json()["id"]) for r in greedy]
+        assert texts[0] == texts[1] and recs[0]["output_ids"] == recs[1]["output_ids"]
+        rec = recs[0]
+        assert len(rec["output_logprobs"]) == len(rec["output_ids"]) == len(rec["output_versions"])
+        assert all(lp <= 0 for lp in rec["output_logprobs"])
+
+        cut = chat(client, gw, key, max_tokens=3, temperature=0)
+        body = cut.json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 3
+        assert completion_record(gw, session_id, body["id"])["output_ids"] == rec["output_ids"][:3]
+
+        words = texts[0].split()
+        assert len(words) >= 3, texts[0]
+        stop = words[2]
+        stopped = chat(client, gw, key, max_tokens=12, temperature=0, stop=[stop]).json()
+        content = stopped["choices"][0]["message"]["content"]
+        assert stopped["choices"][0]["finish_reason"] == "stop"
+        assert content == texts[0][: texts[0].index(stop)], (content, texts[0], stop)
+
+        streamed = client.post(
+            f"{gw.url}/chat/completions",
+            headers=bearer(key),
+            json={"messages": QUESTION, "stream": True, "max_tokens": 12, "temperature": 0},
+        )
+        deltas = [
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in streamed.text.splitlines()
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]
+        ]
+        assert "".join(deltas) == texts[0]
+
+
 def test_training_pushes_two_versions_to_vllm_and_outputs_change(vllm, tmp_path):
     from trainer_helpers import RandomRewardAgent, rows
 
