@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+import yaml
 
 from gateway.samples import NoRewardError, discounted_returns
 from gateway.samples.individual import individual_samples
@@ -242,6 +243,16 @@ def test_reinforce_loss_sign() -> None:
     loss, _ = reinforce_loss(logp, torch.tensor([1.0, -1.0]), torch.tensor([1.0, 1.0]))
     loss.backward()
     assert logp.grad.tolist() == [-1.0, 1.0]
+
+
+def test_the_saved_config_holds_no_admin_key(tmp_path) -> None:
+    """config.yaml in the run folder (and the trackers' copy) leave the admin key out."""
+    path = tmp_path / "c.yaml"
+    path.write_text("gateway: {admin_key: s3cret-admin, port: 0}\n")
+    cfg = load_config(path, [])
+    assert cfg.gateway.admin_key == "s3cret-admin"
+    saved = yaml.safe_dump(cfg.without_secrets())
+    assert "s3cret-admin" not in saved and yaml.safe_load(saved)["gateway"]["port"] == 0
 
 
 def test_config_yaml_with_overrides(tmp_path) -> None:

@@ -145,6 +145,11 @@ class TrainerConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def without_secrets(self) -> dict[str, Any]:
+        """The configuration as the run folder and the trackers keep it: no admin key."""
+        config = self.to_dict()
+        return {**config, "gateway": {**config["gateway"], "admin_key": None}}
+
     def tracker_backends(self) -> list[str]:
         return [b for b in self.trackers.backends if self.tensorboard or b != "tensorboard"]
 

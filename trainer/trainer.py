@@ -97,7 +97,9 @@ class Trainer:
         main = distributed.is_main()
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            (run_dir / "config.yaml").write_text(
+                yaml.safe_dump(cfg.without_secrets(), sort_keys=False)
+            )
         database = Path(cfg.gateway.database or run_dir / "sessions.db")
 
         limit_arenas(2)
@@ -122,7 +124,7 @@ class Trainer:
                     cfg.tracker_backends(),
                     {"tensorboard": t.tensorboard, "wandb": t.wandb, "trackio": t.trackio},
                     run_dir,
-                    _without_secrets(cfg.to_dict()),
+                    cfg.without_secrets(),
                     start_step,
                 )
                 runlog = RunLog(run_dir, start_step=start_step, trackers=trackers)
@@ -630,11 +632,6 @@ class Trainer:
             row["packed_tokens_per_s"] = row.get("packed_tokens", 0.0) / row["train_s"]
             row["trained_tokens_per_s"] = row.get("trained_tokens", 0.0) / row["train_s"]
         return row
-
-
-def _without_secrets(config: dict[str, Any]) -> dict[str, Any]:
-    """The run's configuration as trackers store it: no admin key."""
-    return {**config, "gateway": {**config["gateway"], "admin_key": None}}
 
 
 def _is_number(value: Any) -> bool:
