@@ -52,7 +52,11 @@ def test_killed_trainer_resumes_and_trains_no_session_twice(tmp_path, tokenizer)
     model = make_tiny_model(tmp_path / "tiny", tokenizer)
     run_dir = tmp_path / "run"
     config = _config(run_dir, model)
-    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
+    # not the test process's torch.distributed variables: an in-process trainer earlier in
+    # the session left MASTER_PORT pointing at a port this process still listens on
+    dist_vars = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
+    env["PYTHONPATH"] = str(TESTS.parent)
     proc = subprocess.Popen([sys.executable, "-c", RUN, str(TESTS), json.dumps(config)], env=env)
     try:
         deadline = time.monotonic() + 600
