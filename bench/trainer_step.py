@@ -10,6 +10,11 @@ machine's background load hits both alike; the ratio of medians is the figure.
 
 Usage: .venv/bin/python -m bench.trainer_step [--rounds 5] [--seqs 4] [--tokens 256]
 It writes its section of docs/benchmarks.md (between markers) unless --no-docs.
+
+`--group N` (N > 1) shapes the batch like a GRPO step instead: each N sequences share a
+prompt of 3/4 of their tokens (the demo's are ~95 prompt + ~35 answer tokens), and the
+trainer runs twice, with `train.share_prefixes` on and off, beside the bare step over
+every sequence in full (its own section of docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -33,12 +38,18 @@ BEGIN = "<!-- BEGIN trainer-step (written by bench/trainer_step.py) -->"
 END = "<!-- END trainer-step -->"
 
 
-def samples(n_seqs: int, tokens: int, seed: int = 0) -> list[dict]:
+BEGIN_SHARED = "<!-- BEGIN trainer-step-shared (written by bench/trainer_step.py --group) -->"
+END_SHARED = "<!-- END trainer-step-shared -->"
+
+
+def samples(n_seqs: int, tokens: int, seed: int = 0, group: int = 1) -> list[dict]:
     rng = random.Random(seed)
-    prompt = tokens // 4
+    prompt = tokens // 4 if group == 1 else 3 * tokens // 4
+    prompts = [[rng.randrange(100, 49000) for _ in range(prompt)] for _ in range(n_seqs)]
     return [
         {
-            "input_ids": [rng.randrange(100, 49000) for _ in range(tokens)],
+            "input_ids": prompts[i // group]
+            + [rng.randrange(100, 49000) for _ in range(tokens - prompt)],
             "loss_mask": [0] * prompt + [1] * (tokens - prompt),
             "logprobs": [0.0] * prompt + [-2.0] * (tokens - prompt),
             "versions": [-1] * prompt + [0] * (tokens - prompt),
@@ -87,6 +98,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--group", type=int, default=1, help="sequences per shared prompt")
     ap.add_argument("--no-docs", dest="write_docs", action="store_false")
     args = ap.parse_args()
 
@@ -98,19 +110,19 @@ def main() -> None:
 
     torch.manual_seed(0)
     model_dir = resolve_model_dir(None)
-    batch = samples(args.seqs, args.tokens)
-    cfg = TrainConfig(lr=1e-6, micro_batch_tokens=args.seqs * args.tokens)
-    engine = DeepSpeedEngine(model_dir, cfg)
-    actor = PPOActor(engine, cfg)
+    batch = samples(args.seqs, args.tokens, group=args.group)
     episodes = [Episode(group=0, session_id=f"s{i}", samples=[s]) for i, s in enumerate(batch)]
-    bare = BareStep(model_dir, 1e-6, batch)
-    steps = {
-        "trainer": lambda: actor.train(pad_sequences(to_sequences(episodes)), version=0),
-        "bare": bare.step,
-    }
-    times: dict[str, list[float]] = {"trainer": [], "bare": []}
+    steps = {"bare": BareStep(model_dir, 1e-6, batch).step}
+    # with no shared prompts (--group 1) the trainer packs the same tokens as the bare step
+    shares = {"trainer": False} if args.group == 1 else {"trainer": True, "unshared": False}
+    for name, share in shares.items():
+        cfg = TrainConfig(lr=1e-6, micro_batch_tokens=args.seqs * args.tokens, share_prefixes=share)
+        actor = PPOActor(DeepSpeedEngine(model_dir, cfg), cfg)
+        steps[name] = lambda actor=actor: actor.train(pad_sequences(to_sequences(episodes)), 0)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps)
     for r in range(args.rounds + 1):
-        for name in ("trainer", "bare") if r % 2 == 0 else ("bare", "trainer"):
+        for name in order if r % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             steps[name]()
             if r:  # round 0 warms up
@@ -124,27 +136,55 @@ def main() -> None:
         "trainer_steps": [round(t, 2) for t in times["trainer"]],
         "bare_steps": [round(t, 2) for t in times["bare"]],
     }
+    if "unshared" in med:
+        result["unshared_step_s"] = round(med["unshared"], 2)
+        result["unshared_steps"] = [round(t, 2) for t in times["unshared"]]
+        result["speedup"] = round(med["unshared"] / med["trainer"], 3)
     print(json.dumps(result))
     if args.write_docs:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-             if line.startswith("model name")), "unknown CPU",
-        )  # fmt: skip
-        section = "\n".join([
-            BEGIN, "",
-            f"Measured {dt.date.today()} on {os.cpu_count()} cores ({cpu}), torch "
-            f"{torch.__version__}, {torch.get_num_threads()} threads: `python -m "
-            f"bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
-            f"{args.tokens}`, {result['tokens']} packed tokens per step, median of "
-            f"{args.rounds} alternating rounds.", "",
-            "| step | median s | each round s |", "|---|---:|---|",
-            f"| trainer (PPOActor + DeepSpeed) | {result['trainer_step_s']} | "
-            f"{result['trainer_steps']} |",
-            f"| bare PyTorch fwd+bwd+AdamW | {result['bare_step_s']} | {result['bare_steps']} |",
-            "", f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x).", "",
-            END,
-        ])  # fmt: skip
-        write_section(DOC, section, BEGIN, END)
+        write_section(DOC, doc_section(args, result), *(
+            (BEGIN_SHARED, END_SHARED) if args.group > 1 else (BEGIN, END)
+        ))  # fmt: skip
+
+
+def doc_section(args: argparse.Namespace, result: dict) -> str:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+         if line.startswith("model name")), "unknown CPU",
+    )  # fmt: skip
+    command = (
+        f"`python -m bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
+        f"{args.tokens}{f' --group {args.group}' if args.group > 1 else ''}`"
+    )
+    head = [
+        f"Measured {dt.date.today()} on {os.cpu_count()} cores ({cpu}), torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads: {command}, "
+        f"{result['tokens']} tokens per step before sharing, median of {args.rounds} "
+        "alternating rounds.", "",
+        "| step | median s | each round s |", "|---|---:|---|",
+        f"| trainer (PPOActor + DeepSpeed) | {result['trainer_step_s']} | "
+        f"{result['trainer_steps']} |",
+    ]  # fmt: skip
+    if args.group > 1:
+        head[-1] = head[-1].replace("DeepSpeed)", f"DeepSpeed), prompts shared by {args.group}")
+        head.append(
+            f"| trainer, every sequence in full | {result['unshared_step_s']} | "
+            f"{result['unshared_steps']} |"
+        )
+    head.append(
+        f"| bare PyTorch fwd+bwd+AdamW | {result['bare_step_s']} | {result['bare_steps']} |"
+    )
+    if args.group > 1:
+        tail = [
+            f"Sharing the prompt: **{result['speedup']:.2f}x** faster than packing every "
+            f"sequence in full; **{result['ratio']:.2f}x** the bare step's time over all "
+            "the tokens.",
+        ]
+        begin, end = BEGIN_SHARED, END_SHARED
+    else:
+        tail = [f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x)."]
+        begin, end = BEGIN, END
+    return "\n".join([begin, "", *head, "", *tail, "", end])
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ class TrainConfig:
     behav_imp_weight_cap: float = 5.0
     zero_stage: int = 0
     micro_batch_tokens: int = 1024
+    # Run a prompt shared by several samples (a group's runs, a session's earlier turns)
+    # through the model once per micro-batch; same gradients (prefix_sharing.py).
+    share_prefixes: bool = True
     adv_norm: str = "group"  # group | batch | none
     warmup_steps: int = 0
     # Optimizer updates per training step (AReaL's `ppo_n_minibatches`): the step's

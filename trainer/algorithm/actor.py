@@ -117,8 +117,11 @@ class PPOActor:
         def capture(logits: torch.Tensor, mb: Batch) -> torch.Tensor:
             logprobs = next_token_logprobs(logits, mb).detach().cpu()
             bounds = mb["cu_seqlens"].tolist()
-            for row, a, b in zip(mb["row"].tolist(), bounds[:-1], bounds[1:], strict=True):
-                out[row, : b - a] = logprobs[a:b]
+            offsets = mb["offset"].tolist() if "offset" in mb else [0] * (len(bounds) - 1)
+            for row, a, b, off in zip(
+                mb["row"].tolist(), bounds[:-1], bounds[1:], offsets, strict=True
+            ):
+                out[row, off : off + b - a] = logprobs[a:b]
             return logprobs.sum() * 0.0
 
         self.engine.eval()

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from trainer.backend.prefix_sharing import Family, families, pack_families
+
 # Keys that must be aligned with input_ids when present.
 PER_TOKEN_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "attention_mask")
 
@@ -153,27 +155,22 @@ def _numeric(value: Any, key: str) -> torch.Tensor:
     return t
 
 
-def pack_sequences(seqs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Sequences end to end: per-token keys (T,), per-sequence keys (n,), `cu_seqlens`."""
-    lengths = [int(s["input_ids"].numel()) for s in seqs]
-    out: dict[str, torch.Tensor] = {}
-    for key in seqs[0]:
-        values = [s[key] for s in seqs]
-        if all(v.dim() >= 1 and v.shape[0] == n for v, n in zip(values, lengths, strict=True)):
-            out[key] = torch.cat(values)
-        else:
-            out[key] = torch.stack([v.reshape(()) for v in values])
-    out["cu_seqlens"] = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    out["position_ids"] = torch.cat([torch.arange(n) for n in lengths])
-    return out
+def len_of(seq: dict[str, torch.Tensor]) -> int:
+    return int(seq["input_ids"].numel())
 
 
 def micro_batches(
-    seqs: list[dict[str, torch.Tensor]], max_tokens: int
+    seqs: list[dict[str, torch.Tensor]], max_tokens: int, share_prefixes: bool = False
 ) -> list[dict[str, torch.Tensor]]:
-    """First-fit by length into packed micro-batches of at most `max_tokens` tokens."""
-    bins = first_fit([int(s["input_ids"].numel()) for s in seqs], max_tokens)
-    return [pack_sequences([seqs[i] for i in b]) for b in bins]
+    """First-fit by length into packed micro-batches of at most `max_tokens` tokens;
+    with `share_prefixes`, sequences sharing an untrained prefix are packed as one
+    family (trainer/backend/prefix_sharing.py)."""
+    if share_prefixes:
+        fams = families(seqs, max_tokens)
+    else:
+        fams = [Family(i, len_of(s), [(i, 0)], len_of(s)) for i, s in enumerate(seqs)]
+    bins = first_fit([f.size for f in fams], max_tokens)
+    return [pack_families(seqs, [fams[i] for i in b]) for b in bins]
 
 
 def first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:

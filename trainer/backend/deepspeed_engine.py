@@ -142,7 +142,9 @@ class DeepSpeedEngine(TrainEngine):
         device = next(self.engine.module.parameters()).device
         mbs = [
             {k: v.to(device) for k, v in mb.items()}
-            for mb in micro_batches(split_padded(data), self.cfg.micro_batch_tokens)
+            for mb in micro_batches(
+                split_padded(data), self.cfg.micro_batch_tokens, self.cfg.share_prefixes
+            )
         ]
         return mbs, [float(loss_weight_fn(mb)) for mb in mbs]
 

@@ -10,6 +10,8 @@ def forward_logits(model: torch.nn.Module, mb: dict[str, torch.Tensor]) -> torch
     positions of `mb["logits_mask"]`, the only ones then sent through the LM head."""
     keep = mb.get("logits_mask")
     extra = {} if keep is None else {"logits_to_keep": torch.nonzero(keep, as_tuple=True)[0]}
+    if "prefix_mask" in mb:  # sequences that read another's prompt (prefix_sharing.py)
+        extra["attention_mask"] = mb["prefix_mask"]
     out = model(
         input_ids=mb["input_ids"].long().unsqueeze(0),
         position_ids=mb["position_ids"].long().unsqueeze(0),

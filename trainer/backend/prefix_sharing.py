@@ -1,0 +1,115 @@
+"""Packing sequences that share a prompt: the shared tokens are run through the model once.
+
+A GRPO group is several runs of one prompt, and a multi-turn run's later turns repeat
+its earlier ones, so most of a step's packed tokens are prompts that the loss never
+trains (in the demo, 3,825 packed tokens carried 896 trained ones). In a micro-batch,
+a sequence whose leading tokens equal another's, untrained in both, keeps only its
+tokens from the last shared one on, at their original positions; an attention mask
+lets those tokens see the other sequence's copy of the prefix. Each kept token then
+attends to the same keys at the same positions as when both are packed in full, so
+logits, logprobs and gradients are the same (up to float rounding): the prefix's
+gradient arrives once, summed over the sequences that read it.
+
+The micro-batch records this in two keys: `offset` (per sequence: leading tokens left
+out; 0 for one packed in full) and `prefix_mask` ((1, 1, T, T), True where a position
+may attend), which `forward_logits` hands the model as its attention mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# Below this many shared tokens a sequence is packed in full: sharing saves little.
+MIN_SHARED_TOKENS = 16
+
+
+@dataclass
+class Family:
+    """One sequence packed in full and the ones that read its prefix: (index, shared)."""
+
+    owner: int
+    owner_len: int
+    members: list[tuple[int, int]] = field(default_factory=list)
+    size: int = 0  # packed tokens
+
+
+def shared_prefix(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int:
+    """Leading tokens `a` and `b` have in common and neither trains."""
+    ids_a, ids_b = a["input_ids"], b["input_ids"]
+    n = min(ids_a.numel(), ids_b.numel())
+    differ = (ids_a[:n] != ids_b[:n]) | (a["loss_mask"][:n] > 0) | (b["loss_mask"][:n] > 0)
+    hits = torch.nonzero(differ, as_tuple=True)[0]
+    return int(hits[0]) if hits.numel() else n
+
+
+def families(
+    seqs: list[dict[str, torch.Tensor]], max_tokens: int, min_shared: int = MIN_SHARED_TOKENS
+) -> list[Family]:
+    """Each sequence joins the family whose owner shares the longest prefix with it
+    (at least `min_shared` tokens, and the family stays within `max_tokens`), or
+    starts its own."""
+    out: list[Family] = []
+    for i, seq in enumerate(seqs):
+        length = int(seq["input_ids"].numel())
+        best, best_shared = None, 0
+        if "loss_mask" in seq:
+            for fam in out:
+                shared = shared_prefix(seqs[fam.owner], seq)
+                kept = length - shared + 1
+                if shared > best_shared and shared >= min_shared and fam.size + kept <= max_tokens:
+                    best, best_shared = fam, shared
+        if best is None:
+            out.append(Family(owner=i, owner_len=length, members=[(i, 0)], size=length))
+        else:
+            best.members.append((i, best_shared))
+            best.size += length - best_shared + 1
+    return out
+
+
+def pack_families(
+    seqs: list[dict[str, torch.Tensor]], fams: list[Family]
+) -> dict[str, torch.Tensor]:
+    """The families' sequences end to end, each one's shared prefix left out but the
+    last shared token (its logits predict the sequence's first own token)."""
+    parts: list[dict[str, torch.Tensor]] = []
+    starts: list[int] = []  # in the packed micro-batch, per member
+    spans: list[tuple[int, int, int, int]] = []  # (start, end, owner start, keys seen)
+    offsets: list[int] = []
+    cursor = 0
+    for fam in fams:
+        owner_start = cursor
+        for index, shared in fam.members:
+            seq = seqs[index]
+            length = int(seq["input_ids"].numel())
+            skip = max(shared - 1, 0)
+            part = {
+                k: (v[skip:] if v.dim() >= 1 and v.shape[0] == length else v)
+                for k, v in seq.items()
+            }
+            part["position_ids"] = torch.arange(skip, length)
+            parts.append(part)
+            starts.append(cursor)
+            spans.append((cursor, cursor + length - skip, owner_start, skip))
+            offsets.append(skip)
+            cursor += length - skip
+    out: dict[str, torch.Tensor] = {}
+    lengths = [int(p["input_ids"].numel()) for p in parts]
+    for key in parts[0]:
+        values = [p[key] for p in parts]
+        if all(v.dim() >= 1 and v.shape[0] == n for v, n in zip(values, lengths, strict=True)):
+            out[key] = torch.cat(values)
+        else:
+            out[key] = torch.stack([v.reshape(()) for v in values])
+    out["cu_seqlens"] = torch.tensor([*starts, cursor])
+    if any(offsets):
+        mask = torch.zeros((cursor, cursor), dtype=torch.bool)
+        for start, end, owner_start, seen in spans:
+            n = end - start
+            mask[start:end, start:end] = torch.ones((n, n), dtype=torch.bool).tril()
+            if seen:
+                mask[start:end, owner_start : owner_start + seen] = True
+        out["prefix_mask"] = mask[None, None]
+        out["offset"] = torch.tensor(offsets)
+    return out
