@@ -17,7 +17,11 @@ from trainer.backend.prefix_sharing import families, shared_prefix
 def _seq(prompt: list[int], output: list[int], adv: float) -> dict[str, torch.Tensor]:
     ids = torch.tensor(prompt + output)
     mask = torch.tensor([0] * len(prompt) + [1] * len(output))
-    return {"input_ids": ids, "loss_mask": mask, "advantages": torch.tensor(adv, dtype=torch.float64)}
+    return {
+        "input_ids": ids,
+        "loss_mask": mask,
+        "advantages": torch.tensor(adv, dtype=torch.float64),
+    }
 
 
 def _rows(seqs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
