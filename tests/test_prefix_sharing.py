@@ -8,6 +8,7 @@ sequence packed in full.
 from __future__ import annotations
 
 import torch
+from trainer_helpers import tiny_llama
 
 from trainer.backend.batches import micro_batches
 from trainer.backend.functional import forward_logits, next_token_logprobs
@@ -42,22 +43,6 @@ def _group() -> list[dict[str, torch.Tensor]]:
         # a second turn: the prompt, the first answer (untrained here), then its own answer
         _seq(prompt + first + [7, 8, 9], out(5), -1.0),
     ]
-
-
-def _tiny_llama() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 def test_sequences_sharing_a_prompt_keep_only_their_own_tokens() -> None:
@@ -101,7 +86,7 @@ def _loss_and_grads(model: torch.nn.Module, mbs: list[dict[str, torch.Tensor]]):
 
 
 def test_shared_prefixes_give_the_same_logprobs_and_gradients() -> None:
-    model = _tiny_llama()
+    model = tiny_llama()
     seqs = _rows(_group())
     shared = micro_batches(seqs, max_tokens=512, share_prefixes=True)
     plain = micro_batches(seqs, max_tokens=512, share_prefixes=False)

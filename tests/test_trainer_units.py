@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 import yaml
+from trainer_helpers import tiny_llama
 
 from gateway.samples import NoRewardError, discounted_returns
 from gateway.samples.individual import individual_samples
@@ -160,19 +161,7 @@ class TinyLM(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=512,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
-        self.lm = LlamaForCausalLM(cfg).eval()
+        self.lm = tiny_llama(512, 64).eval()
 
     def forward(self, **kw):  # type: ignore[no-untyped-def]
         return self.lm(**kw)

@@ -7,27 +7,37 @@ from pathlib import Path
 from typing import Any
 
 
-def make_tiny_model(path: Path, tokenizer: Any) -> Path:
-    """A 2-layer Llama with SmolLM2's tokenizer: real HF folder, trains in well under 1 s."""
+def tiny_llama(vocab_size: int = 512, max_positions: int = 128, **extra: Any) -> Any:
+    """A seeded 2-layer random Llama: small enough to check packing and gradients exactly."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
+        **extra,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def make_tiny_model(path: Path, tokenizer: Any) -> Path:
+    """A 2-layer Llama with SmolLM2's tokenizer: real HF folder, trains in well under 1 s."""
+    model = tiny_llama(
+        len(tokenizer),
+        512,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     path.mkdir(parents=True, exist_ok=True)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
