@@ -155,10 +155,6 @@ def _numeric(value: Any, key: str) -> torch.Tensor:
     return t
 
 
-def len_of(seq: dict[str, torch.Tensor]) -> int:
-    return int(seq["input_ids"].numel())
-
-
 def micro_batches(
     seqs: list[dict[str, torch.Tensor]], max_tokens: int, share_prefixes: bool = False
 ) -> list[dict[str, torch.Tensor]]:
@@ -168,7 +164,7 @@ def micro_batches(
     if share_prefixes:
         fams = families(seqs, max_tokens)
     else:
-        fams = [Family(i, len_of(s), [(i, 0)], len_of(s)) for i, s in enumerate(seqs)]
+        fams = [Family.alone(i, s) for i, s in enumerate(seqs)]
     bins = first_fit([f.size for f in fams], max_tokens)
     return [pack_families(seqs, [fams[i] for i in b]) for b in bins]
 

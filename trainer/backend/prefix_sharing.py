@@ -30,9 +30,13 @@ class Family:
     """One sequence packed in full and the ones that read its prefix: (index, shared)."""
 
     owner: int
-    owner_len: int
     members: list[tuple[int, int]] = field(default_factory=list)
     size: int = 0  # packed tokens
+
+    @classmethod
+    def alone(cls, index: int, seq: dict[str, torch.Tensor]) -> Family:
+        """A sequence packed in full, read by no other."""
+        return cls(index, [(index, 0)], int(seq["input_ids"].numel()))
 
 
 def shared_prefix(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int:
@@ -61,7 +65,7 @@ def families(
                 if shared > best_shared and shared >= min_shared and fam.size + kept <= max_tokens:
                     best, best_shared = fam, shared
         if best is None:
-            out.append(Family(owner=i, owner_len=length, members=[(i, 0)], size=length))
+            out.append(Family.alone(i, seq))
         else:
             best.members.append((i, best_shared))
             best.size += length - best_shared + 1
@@ -74,9 +78,7 @@ def pack_families(
     """The families' sequences end to end, each one's shared prefix left out but the
     last shared token (its logits predict the sequence's first own token)."""
     parts: list[dict[str, torch.Tensor]] = []
-    starts: list[int] = []  # in the packed micro-batch, per member
-    spans: list[tuple[int, int, int, int]] = []  # (start, end, owner start, keys seen)
-    offsets: list[int] = []
+    spans: list[tuple[int, int, int, int]] = []  # (start, end, owner start, tokens left out)
     cursor = 0
     for fam in fams:
         owner_start = cursor
@@ -90,9 +92,7 @@ def pack_families(
             }
             part["position_ids"] = torch.arange(skip, length)
             parts.append(part)
-            starts.append(cursor)
             spans.append((cursor, cursor + length - skip, owner_start, skip))
-            offsets.append(skip)
             cursor += length - skip
     out: dict[str, torch.Tensor] = {}
     lengths = [int(p["input_ids"].numel()) for p in parts]
@@ -102,7 +102,8 @@ def pack_families(
             out[key] = torch.cat(values)
         else:
             out[key] = torch.stack([v.reshape(()) for v in values])
-    out["cu_seqlens"] = torch.tensor([*starts, cursor])
+    out["cu_seqlens"] = torch.tensor([*(span[0] for span in spans), cursor])
+    offsets = [span[3] for span in spans]
     if any(offsets):
         mask = torch.zeros((cursor, cursor), dtype=torch.bool)
         for start, end, owner_start, seen in spans:
