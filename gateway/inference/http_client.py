@@ -50,6 +50,16 @@ class StreamReply:
         async for raw in self._response.content:
             yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
+    async def events(self) -> AsyncIterator[str]:
+        """The `data:` payloads of a server-sent event stream, up to `[DONE]`."""
+        async for line in self.lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                return
+            yield payload
+
 
 class EngineHTTP:
     """A connection pool to one or more engine servers (started inside the event loop)."""

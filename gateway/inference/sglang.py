@@ -132,12 +132,7 @@ class SGLangEngine(RemoteEngine):
         async with self._client.stream(target, body, headers=headers) as r:
             if r.status != 200:
                 raise refusal(url, r.status, await r.read(), prompt_len)
-            async for line in r.lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
+            async for payload in r.events():
                 out = parse_output(payload, url, prompt_len)
                 meta = out["meta_info"]
                 ids, lps, alts = new_tokens(meta, len(seg.ids), url)

@@ -102,12 +102,7 @@ class VLLMEngine(RemoteEngine):
         async with self._client.stream(target, body, headers=headers) as r:
             if r.status != 200:
                 raise refusal(url, r.status, await r.read(), prompt_len)
-            async for line in r.lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
+            async for payload in r.events():
                 choice = parse_choice(payload, url, prompt_len)
                 ids, lps, alts = choice_tokens(choice, url, top_k)
                 seg.ids += ids
