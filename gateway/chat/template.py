@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
-from transformers.utils.chat_template_utils import render_jinja_template
+from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_tool_results
 from gateway.chat.prompt_heads import HeadCache
@@ -112,8 +112,19 @@ def _arguments(arguments: Any, as_text: bool) -> Any:
     return arguments
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def _reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss-style Jinja templates read an answer's reasoning as `thinking` (as
+    transformers' own rendering gives it)."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message}
+
+
+def _hasher(text: str) -> Any:
+    """A blake2b state over `text`: a prefix's digest, then continued over what follows,
+    so a long session's text is hashed once per turn."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +142,12 @@ class Rendered:
     incremental: bool  # built on the parent's ids (False: a full encode)
     history: str = "template"  # what built it: template | token_exact
     fallback: str | None = None  # why token_exact was asked for and not possible
+    hashed: Any = None  # blake2b state over `text`, where checking the parent made one
+
+    @property
+    def continues(self) -> bool:
+        """Built on the parent's prompt + output ids (so it continues them by construction)."""
+        return self.incremental or self.history == "token_exact"
 
 
 # Stands in for the parent's answer when rendering what follows it: private-use
@@ -194,6 +211,11 @@ class ChatRenderer:
             self.traits = TemplateTraits(True, True, False, False, True)
             self.tool_parser = self.reasoning_parser = "harmony"
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
+        # the template compiled once (transformers' own sandboxed environment and
+        # extensions), rendered straight on normalised messages: apply_chat_template
+        # would copy every message of a long history again on every turn
+        self._compiled = None if self.harmony is not None else _compile_jinja_template(template)
+        self._template_kwargs = dict(tokenizer.special_tokens_map)
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
         # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
         # any special token, first after an answer's text
@@ -205,7 +227,8 @@ class ChatRenderer:
         self.heads = HeadCache(self.encode, sorted(specials))
 
     def encode(self, text: str) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=False).ids
+        # the batch call without offsets: the same ids, ~20% less CPU on a 2 kB block
+        return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def render(
         self,
@@ -219,9 +242,12 @@ class ChatRenderer:
         text = self.render_text(messages, tools, tool_choice)
         if parent is not None:
             ids, prefix = parent
-            head = text[: prefix.length]
-            if len(head) == prefix.length and _digest(head) == prefix.digest:
-                return Rendered(ids + self.encode(text[prefix.length :]), text, True)
+            if len(text) >= prefix.length:
+                hashed = _hasher(text[: prefix.length])
+                if hashed.digest() == prefix.digest:
+                    tail = text[prefix.length :]
+                    hashed.update(tail.encode("utf-8", "surrogatepass"))
+                    return Rendered(ids + self.encode(tail), text, True, hashed=hashed)
         return Rendered(self.heads.encode(text), text, False)
 
     def render_token_exact(
@@ -274,13 +300,21 @@ class ChatRenderer:
             return None, "template_mismatch"
         return tail, ""
 
-    def text_prefix(self, prompt_text: str, output_ids: list[int]) -> TextPrefix | None:
+    def text_prefix(
+        self, prompt_text: str, output_ids: list[int], hashed: Any = None
+    ) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely
-        continue these tokens (the output did not end in a special token)."""
+        continue these tokens (the output did not end in a special token). `hashed`:
+        the render's hash state over `prompt_text`, continued instead of re-hashing it."""
         if not output_ids or output_ids[-1] not in self._special:
             return None
-        full = prompt_text + self.tokenizer.decode(output_ids, skip_special_tokens=False)
-        return TextPrefix(len(full), _digest(full))
+        answer = self.tokenizer.decode(output_ids, skip_special_tokens=False)
+        if hashed is None:
+            hashed = _hasher(prompt_text + answer)
+        else:
+            hashed = hashed.copy()
+            hashed.update(answer.encode("utf-8", "surrogatepass"))
+        return TextPrefix(len(prompt_text) + len(answer), hashed.digest())
 
     def render_text(
         self,
@@ -300,24 +334,17 @@ class ChatRenderer:
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         if self.harmony is not None:
             return self.harmony.render(messages, tools)
-        if self.traits.none_content:
-            # apply_chat_template drops None-valued keys, and a template that tells a
-            # tool-call turn by `content is none` (DeepSeek V3's) then cannot render it:
-            # render such a template with the messages as they are.
-            rendered, _ = render_jinja_template(
-                conversations=[messages],
-                tools=tools,
-                chat_template=self.chat_template,
-                add_generation_prompt=True,
-                **self.tokenizer.special_tokens_map,
-            )
-            return rendered[0]
-        return self.tokenizer.apply_chat_template(
-            messages,
+        if not self.traits.none_content:
+            # as apply_chat_template does: many templates handle a missing key but not a
+            # None one. A template that tells a tool-call turn by `content is none`
+            # (DeepSeek V3's) gets the None it needs.
+            messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        return self._compiled.render(
+            messages=[_reasoning_aliases(m) for m in messages],
             tools=tools,
+            documents=None,
             add_generation_prompt=True,
-            tokenize=False,
-            chat_template=self.chat_template,
+            **self._template_kwargs,
         )
 
     def decode_output(self, output_ids: list[int]) -> str:

@@ -560,7 +560,7 @@ class ServingCore:
         self._recent.put((turn.session_id, answer_hash), parent)
         if turn.prompt_text is not None and turn.history != "token_exact":
             # (a token_exact prompt's text is only its new messages': no prefix to give)
-            prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
+            prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids, turn.prompt_hashed)
             if prefix is not None:
                 self._prefixes.put(out.completion_id, prefix)
         self.metrics.inc("turnstile_completions_total")

@@ -164,9 +164,12 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             param=param,
         )
         request = request if request is not None else req.model_dump(exclude_none=True)
-        continues = (
-            tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids) if parent else None
-        )
+        if parent is None:
+            continues = None
+        elif prompt is not None and prompt.continues:  # built on the parent's ids
+            continues = True
+        else:
+            continues = tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids)
         return Turn(
             session.id,
             self.endpoint,
@@ -179,6 +182,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             ids,
             body_hash,
             prompt_text=prompt_text,
+            prompt_hashed=prompt.hashed if prompt is not None else None,
             continues_parent=continues,
             drift=self.core.drift(parent, prompt_ids) if continues is False else None,
             history=prompt.history if prompt is not None and history != "template" else None,

@@ -57,6 +57,7 @@ class Turn:
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
     prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
+    prompt_hashed: Any = None  # the render's hash state over prompt_text, if it made one
     # does the prompt start with exactly the parent's prompt + output tokens (None: no
     # parent); where it leaves them, and why
     continues_parent: bool | None = None

@@ -126,16 +126,22 @@ def apply_request_delta(base: Request, delta: Request) -> Request:
     return out
 
 
-def delta_columns(parent: Full | None, request: Request, prompt_ids: list[int]) -> dict[str, Any]:
+def delta_columns(
+    parent: Full | None, request: Request, prompt_ids: list[int], continues: bool | None = None
+) -> dict[str, Any]:
     """The `request`, `prompt_ids`, `is_delta` and `prompt_shared` columns of a row.
 
     Full when there is no parent, or when the turn continues nothing of it (neither a
     list of its request nor the start of its tokens): one way to decide, at write time
-    and in the migration alike.
+    and in the migration alike. `continues`: the prompt is known to start with the
+    parent's prompt + output ids (it was built on them), so they need no comparing.
     """
     if parent is not None:
         delta, continued = request_delta(parent.request, request)
-        shared = continued_length(parent, prompt_ids)
+        if continues:
+            shared = len(parent.prompt_ids) + len(parent.output_ids)
+        else:
+            shared = continued_length(parent, prompt_ids)
         if continued or shared:
             return {
                 "request": delta,

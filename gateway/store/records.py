@@ -53,7 +53,9 @@ class CompletionRecord:
             "endpoint": self.endpoint,
             "model": self.model,
             "response": self.response,
-            **delta_columns(self.parent, self.request, self.prompt_ids),
+            **delta_columns(
+                self.parent, self.request, self.prompt_ids, self.tokens_continue_parent
+            ),
             "output_ids": pack_ints(self.output_ids),
             "output_logprobs": pack_floats(self.output_logprobs[:n]),
             "output_versions": pack_ints(self.output_versions[:n]),
