@@ -91,7 +91,9 @@ def normalize_message(message: dict[str, Any], traits: TemplateTraits = _PLAIN) 
     if role == "assistant" and traits.reasoning_content and isinstance(reasoning, str):
         out["reasoning_content"] = reasoning
     if role == "tool":
-        out["tool_call_id"] = message.get("tool_call_id")
+        call_id = message.get("tool_call_id")
+        if call_id is not None or traits.none_content:  # see ChatRenderer._apply
+            out["tool_call_id"] = call_id
     if message.get("name"):
         out["name"] = message["name"]
     return out
@@ -115,10 +117,7 @@ def _arguments(arguments: Any, as_text: bool) -> Any:
 def _reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     """gpt-oss-style Jinja templates read an answer's reasoning as `thinking` (as
     transformers' own rendering gives it)."""
-    reasoning = message.get("reasoning_content")
-    if reasoning is None:
-        return message
-    return {"thinking": reasoning, **message}
+    return {"thinking": message["reasoning_content"], **message}
 
 
 def _hasher(text: str) -> Any:
@@ -334,13 +333,13 @@ class ChatRenderer:
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         if self.harmony is not None:
             return self.harmony.render(messages, tools)
-        if not self.traits.none_content:
-            # as apply_chat_template does: many templates handle a missing key but not a
-            # None one. A template that tells a tool-call turn by `content is none`
-            # (DeepSeek V3's) gets the None it needs.
-            messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        # No None values here but where the template needs them (normalize_message): as
+        # apply_chat_template has it, most templates handle a missing key, not a None one,
+        # but one that tells a tool-call turn by `content is none` (DeepSeek V3's) needs it.
         return self._compiled.render(
-            messages=[_reasoning_aliases(m) for m in messages],
+            messages=[
+                m if "reasoning_content" not in m else _reasoning_aliases(m) for m in messages
+            ],
             tools=tools,
             documents=None,
             add_generation_prompt=True,
