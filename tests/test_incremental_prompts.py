@@ -45,8 +45,10 @@ def _session(
         # the client sends back the text the model's tokens decode to (a tokenizer that
         # drops control characters could not have produced them)
         assume(tok.decode(output, skip_special_tokens=False) == answer + "<|im_end|>")
-        prefix = renderer.text_prefix(rendered.text, output)
+        prefix = renderer.text_prefix(rendered.text, output, rendered.hashed)
         assert prefix is not None  # it ends in the stop token
+        # continuing the render's hash state gives what hashing the whole text gives
+        assert prefix == renderer.text_prefix(rendered.text, output)
         parent = (full + output, prefix)
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": user}]
     return incremental, fallbacks
