@@ -142,16 +142,18 @@ def main() -> None:
         result["speedup"] = round(med["unshared"] / med["trainer"], 3)
     print(json.dumps(result))
     if args.write_docs:
-        write_section(DOC, doc_section(args, result), *(
-            (BEGIN_SHARED, END_SHARED) if args.group > 1 else (BEGIN, END)
-        ))  # fmt: skip
+        begin, end = (BEGIN_SHARED, END_SHARED) if args.group > 1 else (BEGIN, END)
+        write_section(DOC, doc_section(args, result, begin, end), begin, end)
 
 
-def doc_section(args: argparse.Namespace, result: dict) -> str:
+def doc_section(args: argparse.Namespace, result: dict, begin: str, end: str) -> str:
+    """The figures between `begin` and `end`: the plain comparison, or with `--group`
+    the shared-prompt one."""
     cpu = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
          if line.startswith("model name")), "unknown CPU",
     )  # fmt: skip
+    shared_by = f", prompts shared by {args.group}" if args.group > 1 else ""
     command = (
         f"`python -m bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
         f"{args.tokens}{f' --group {args.group}' if args.group > 1 else ''}`"
@@ -162,11 +164,10 @@ def doc_section(args: argparse.Namespace, result: dict) -> str:
         f"{result['tokens']} tokens per step before sharing, median of {args.rounds} "
         "alternating rounds.", "",
         "| step | median s | each round s |", "|---|---:|---|",
-        f"| trainer (PPOActor + DeepSpeed) | {result['trainer_step_s']} | "
+        f"| trainer (PPOActor + DeepSpeed){shared_by} | {result['trainer_step_s']} | "
         f"{result['trainer_steps']} |",
     ]  # fmt: skip
     if args.group > 1:
-        head[-1] = head[-1].replace("DeepSpeed)", f"DeepSpeed), prompts shared by {args.group}")
         head.append(
             f"| trainer, every sequence in full | {result['unshared_step_s']} | "
             f"{result['unshared_steps']} |"
@@ -180,10 +181,8 @@ def doc_section(args: argparse.Namespace, result: dict) -> str:
             f"sequence in full; **{result['ratio']:.2f}x** the bare step's time over all "
             "the tokens.",
         ]
-        begin, end = BEGIN_SHARED, END_SHARED
     else:
         tail = [f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x)."]
-        begin, end = BEGIN, END
     return "\n".join([begin, "", *head, "", *tail, "", end])
 
 

@@ -57,18 +57,18 @@ def families(
     out: list[Family] = []
     for i, seq in enumerate(seqs):
         length = int(seq["input_ids"].numel())
-        best, best_shared = None, 0
+        best, best_shared, best_kept = None, 0, 0
         if "loss_mask" in seq:
             for fam in out:
                 shared = shared_prefix(seqs[fam.owner], seq)
-                kept = length - shared + 1
+                kept = length - shared + 1  # its own tokens and the last shared one
                 if shared > best_shared and shared >= min_shared and fam.size + kept <= max_tokens:
-                    best, best_shared = fam, shared
+                    best, best_shared, best_kept = fam, shared, kept
         if best is None:
             out.append(Family.alone(i, seq))
         else:
             best.members.append((i, best_shared))
-            best.size += length - best_shared + 1
+            best.size += best_kept
     return out
 
 
