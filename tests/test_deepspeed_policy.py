@@ -36,8 +36,20 @@ def _on_policy_ppo(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.T
     return loss_sum / mb["loss_mask"].sum()
 
 
+@pytest.fixture(scope="module")
+def zero3_grad_norm(tiny_model_dir) -> float:
+    """The first step's gradient norm as DeepSpeed's ZeRO-3 computes it in `step()`."""
+    from trainer.backend import DeepSpeedEngine
+
+    policy = DeepSpeedEngine(tiny_model_dir, TrainConfig(zero_stage=3, micro_batch_tokens=6))
+    policy.train_batch(_batch(), _on_policy_ppo, lambda mb: mb["loss_mask"].sum())
+    return float(policy.engine.get_global_grad_norm())
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_every_zero_stage_takes_a_step_and_exports_full_weights(stage, tiny_model_dir) -> None:
+def test_every_zero_stage_takes_a_step_and_exports_full_weights(
+    stage, tiny_model_dir, zero3_grad_norm
+) -> None:
     from trainer.backend import DeepSpeedEngine
 
     policy = DeepSpeedEngine(
@@ -53,6 +65,8 @@ def test_every_zero_stage_takes_a_step_and_exports_full_weights(stage, tiny_mode
     assert set(after) == set(before)
     assert all(after[k].shape == before[k].shape and after[k].numel() > 0 for k in after)
     assert any(not torch.equal(after[k], before[k]) for k in after), "no weight moved"
+    # this step's own gradient norm, the same whichever stage computed it
+    assert stats["grad_norm"] == pytest.approx(zero3_grad_norm, rel=1e-5)
 
 
 def test_unknown_zero_stage_is_a_clear_error(tiny_model_dir) -> None:
@@ -60,3 +74,21 @@ def test_unknown_zero_stage_is_a_clear_error(tiny_model_dir) -> None:
 
     with pytest.raises(ValueError, match="zero_stage"):
         DeepSpeedEngine(tiny_model_dir, TrainConfig(zero_stage=4))
+
+
+def test_warmup_raises_the_learning_rate_linearly_then_holds(tiny_model_dir) -> None:
+    from trainer.backend import DeepSpeedEngine
+
+    policy = DeepSpeedEngine(tiny_model_dir, TrainConfig(lr=1e-2, warmup_steps=3))
+    rates = []
+    for _ in range(5):
+        rates.append(policy.optimizer.param_groups[0]["lr"])
+        policy.train_batch(_batch(), _on_policy_ppo, lambda mb: mb["loss_mask"].sum())
+    assert rates == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01])
+
+
+def test_negative_warmup_is_a_config_error() -> None:
+    from trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        TrainConfig(warmup_steps=-1)

@@ -50,6 +50,7 @@ class TrainConfig:
     # through the model once per micro-batch; same gradients (prefix_sharing.py).
     share_prefixes: bool = True
     adv_norm: str = "group"  # group | batch | none
+    # updates over which the learning rate rises linearly to `lr` (0: full from the first)
     warmup_steps: int = 0
     # Optimizer updates per training step (AReaL's `ppo_n_minibatches`): the step's
     # samples are split into this many parts, each one update, PPO-clipped against the
@@ -59,6 +60,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.ppo_n_minibatches < 1:
             raise ConfigError(f"train.ppo_n_minibatches must be >= 1, got {self.ppo_n_minibatches}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
 
     # A DeepSpeedEngine subclass ("module.Class" / "file.py:Class") to train with, and
     # optionally its method that replaces the built-in actor: it gets each step's padded

@@ -60,6 +60,20 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
+def warmup_schedule(
+    optimizer: torch.optim.Optimizer, warmup_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Learning rate rising linearly over the first `warmup_steps` updates.
+
+    Update k (from 1) runs at k / (warmup_steps + 1) of `train.lr` until the full rate:
+    Adam's first updates are about lr in size whatever the gradient's, so with a few
+    noisy samples a step, one bad early step can carry the policy off.
+    """
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda done: min(1.0, (done + 1) / (warmup_steps + 1))
+    )
+
+
 class DeepSpeedEngine(TrainEngine):
     def __init__(self, model_dir: Path, cfg: TrainConfig, device: str = "cpu") -> None:
         import deepspeed
@@ -78,8 +92,11 @@ class DeepSpeedEngine(TrainEngine):
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_config(cfg)
+        self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            config=deepspeed_config(cfg),
+            lr_scheduler=warmup_schedule(optimizer, cfg.warmup_steps),
         )
         self.global_step = 0
         self.rank = distributed.rank()
@@ -172,14 +189,19 @@ class DeepSpeedEngine(TrainEngine):
         return {"input_ids": ids, "position_ids": torch.arange(2, device=device)}
 
     def _step(self) -> float | None:
-        grad_norm = (
-            self.engine.get_global_grad_norm()
-            if hasattr(self.engine, "get_global_grad_norm")
-            else None
-        )
+        """One optimizer step; returns this step's gradient norm, before clipping.
+
+        ZeRO 2/3 compute the norm inside `step()`; ZeRO 0/1 keep whole gradients on
+        every rank and DeepSpeed does not report it there, so it is taken before.
+        """
+        own = None
+        if self.cfg.zero_stage < 2:
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            own = float(torch.nn.utils.get_total_norm(grads)) if grads else None
         self.engine.step()
         self.global_step += 1
-        return None if grad_norm is None else float(grad_norm)
+        reported = self.engine.get_global_grad_norm()
+        return own if reported is None else float(reported)
 
     def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
         """Per key, the sum over ranks (a rank that only padded has no stats keys)."""

@@ -4,6 +4,7 @@
   const CHARTS = [
     ["Reward", ["reward_mean", "reward_max", "eval_accuracy"]],
     ["Loss", ["loss"]],
+    ["Gradient norm (before clipping)", ["grad_norm"]],
     ["KL and clip fraction", ["approx_kl", "clip_frac"]],
     ["Staleness (policy versions)", ["staleness_mean", "staleness_max"]],
     ["Tokens per second (update)", ["packed_tokens_per_s", "trained_tokens_per_s"]],
