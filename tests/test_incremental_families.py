@@ -83,7 +83,7 @@ def test_incremental_ids_equal_a_full_encode_for_every_family(name, system, firs
         output = in_context[len(full) :]
         assume(tok.decode(output, skip_special_tokens=False) == answer + stop)
         prefix = renderer.text_prefix(rendered.text, output)
-        parent = (full + output, prefix) if prefix is not None else None
+        parent = (full, output, prefix) if prefix is not None else None
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": user}]
     if name != "gptoss":
         assert fallbacks == 0

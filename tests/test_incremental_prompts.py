@@ -8,11 +8,13 @@ whose client sends the answers back as they were given.
 
 from __future__ import annotations
 
+import orjson
 from gateway_helpers import completion_record, http_client, openai_client
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.chat.template import ChatRenderer
+from gateway.token_ids import TokenIds
 
 TEXT = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=60
@@ -45,11 +47,9 @@ def _session(
         # the client sends back the text the model's tokens decode to (a tokenizer that
         # drops control characters could not have produced them)
         assume(tok.decode(output, skip_special_tokens=False) == answer + "<|im_end|>")
-        prefix = renderer.text_prefix(rendered.text, output, rendered.hashed)
+        prefix = renderer.text_prefix(rendered.text, output)
         assert prefix is not None  # it ends in the stop token
-        # continuing the render's hash state gives what hashing the whole text gives
-        assert prefix == renderer.text_prefix(rendered.text, output)
-        parent = (full + output, prefix)
+        parent = (full, output, prefix)
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": user}]
     return incremental, fallbacks
 
@@ -74,7 +74,7 @@ def test_a_changed_history_falls_back_to_a_full_encode(tokenizer) -> None:
     first = [{"role": "user", "content": "What is 2 + 2?"}]
     r1 = renderer.render(first)
     output = tokenizer.encode("4<|im_end|>", add_special_tokens=False)
-    parent = (r1.ids, renderer.text_prefix(r1.text, output))
+    parent = (r1.ids, output, renderer.text_prefix(r1.text, output))
     edited = [  # the client sends the answer back changed: the parent's text is not a prefix
         *first,
         {"role": "assistant", "content": "four"},
@@ -111,3 +111,21 @@ def test_the_gateway_builds_later_turns_on_their_parent(fake_gateway, new_sessio
         metrics = http.get(f"{fake_gateway.url.removesuffix('/v1')}/metrics").text
     assert "turnstile_prompts_incremental_total 3" in metrics
     assert "turnstile_prompts_fallbacks_total" not in metrics
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, 2**31), max_size=40), min_size=1, max_size=6))
+def test_prompt_ids_sent_on_their_parents_json_are_the_same_json(parts) -> None:
+    """Each turn's ids go to the engine as the parent's JSON + the new ids' JSON: the
+    same bytes as writing the whole list, whatever the parts (empty ones too)."""
+    ids, expected = TokenIds(parts[0]), list(parts[0])
+    assert orjson.dumps({"input_ids": ids.json()}) == orjson.dumps({"input_ids": expected})
+    for part in parts[1:]:
+        ids = TokenIds.joined(ids, part, [7])
+        expected += [*part, 7]
+        assert ids == expected
+        assert orjson.dumps({"input_ids": ids.json()}) == orjson.dumps({"input_ids": expected})
+    ids.append(9)  # grown after its JSON was written: the JSON grows with it
+    assert orjson.dumps(ids.json()) == orjson.dumps([*expected, 9])
+    del ids[-2:]  # cut: written again
+    assert orjson.dumps(ids.json()) == orjson.dumps(expected[:-1])

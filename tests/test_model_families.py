@@ -586,7 +586,7 @@ def test_token_exact_with_harmony():
             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
     answer = {"role": "assistant", "content": "", "reasoning_content": "Ask.", "tool_calls": [call]}
     messages = [*QUESTION, answer, {"role": "tool", "tool_call_id": "c1", "content": "22 C"}]
-    second = renderer.render_token_exact(messages, 3, first.ids + out1, TOOLS)
+    second = renderer.render_token_exact(messages, 3, (first.ids, out1), TOOLS)
     assert second.history == "token_exact"
     assert second.text == (
         "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>22 C"

@@ -8,6 +8,7 @@ arguments) because clients re-serialise what they send back: an SDK adds
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from gateway import json_codec
@@ -31,10 +32,10 @@ def canonical(message: dict[str, Any]) -> tuple[str, str, list[Any], str | None]
     )
 
 
-def _framed(message: dict[str, Any]) -> bytes:
-    """A message's canonical form as unambiguous bytes: length-prefixed text fields,
-    tool calls as sorted-key JSON. The text goes in as it is (no JSON escaping of a
-    tool output's kilobytes)."""
+def framed(message: dict[str, Any]) -> bytes:
+    """What the conversation hash takes in for a message: its canonical form as
+    unambiguous bytes, length-prefixed text fields and tool calls as sorted-key JSON.
+    The text goes in as it is (no JSON escaping of a tool output's kilobytes)."""
     role, content, calls, call_id = canonical(message)
     text = content.encode("utf-8", "surrogatepass")
     tail = json_codec.dumps_sorted(calls) if calls else b""
@@ -43,27 +44,76 @@ def _framed(message: dict[str, Any]) -> bytes:
     return b"".join((head, text, tail, ident))
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What an answered turn keeps so that its child's hash starts from it: the
+    messages and tools it was asked with, its answer (framed), and the hash state after
+    that answer. A 64-turn session's child then frames and hashes only its new
+    messages, not its whole history again (~0.4 ms a turn at 140 kB)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    answer: bytes
+    state: Any
+    hash: str
+
+    def continued_by(self, messages: list[dict[str, Any]], tools: Any, answer: bytes) -> bool:
+        """Does a request whose message `len(self.messages)` frames to `answer` repeat
+        this turn? Compared as Python values (in C): a client that re-sends 1.0 as 1
+        still links here, as the canonical form links re-dumped arguments; the prompt's
+        tokens are checked against the render on their own."""
+        k = len(self.messages)
+        return answer == self.answer and tools == self.tools and messages[:k] == self.messages
+
+
 class ConversationHash:
     """One pass over a request's messages: the hash after each assistant message (the
     parent candidates), and the running state, so that the hash of the request plus a
     new answer costs only the answer: a long conversation is hashed once per turn,
-    not once per use."""
+    not once per use. With `resume` (the parent's, whose answer is the request's last
+    assistant message) only the messages after that answer are hashed."""
 
-    def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
-        h = hashlib.sha256(json_codec.dumps_sorted(tools or []))
-        answers: list[str] = []
-        for m in messages:
-            h.update(_framed(m))
+    def __init__(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        resume: Resume | None = None,
+    ) -> None:
+        self.messages, self.tools = messages, tools
+        if resume is None:
+            h = hashlib.sha256(json_codec.dumps_sorted(tools or []))
+            start, answers = 0, []
+        else:
+            h = resume.state.copy()
+            start, answers = len(resume.messages) + 1, [resume.hash]
+        for m in messages[start:]:
+            h.update(framed(m))
             if m.get("role") == "assistant":
                 answers.append(h.hexdigest()[:40])
         self._state = h
         self.candidates = answers[::-1]  # longest prefix first
+        self._answers: dict[str, Resume] = {}
 
     def with_answer(self, message: dict[str, Any]) -> str:
         """The hash a later turn continuing `message` (this request's answer) finds it by."""
         h = self._state.copy()
-        h.update(_framed(message))
-        return h.hexdigest()[:40]
+        answer = framed(message)
+        h.update(answer)
+        digest = h.hexdigest()[:40]
+        self._answers[digest] = Resume(self.messages, self.tools, answer, h, digest)
+        return digest
+
+    def resume_point(self, answer_hash: str) -> Resume | None:
+        """What a child of the answer `with_answer` hashed to `answer_hash` resumes from."""
+        return self._answers.get(answer_hash)
+
+
+def last_answer(messages: list[dict[str, Any]]) -> int | None:
+    """Index of the last assistant message (the answer a request continues), if any."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "assistant":
+            return i
+    return None
 
 
 def answer_positions(messages: list[dict[str, Any]]) -> list[int]:

@@ -6,7 +6,7 @@ records are the ones that were generated from, not a later re-tokenisation.
 Incremental prompts: a turn that extends a recorded one does not re-tokenise the whole
 history. Its prompt is the parent's prompt ids + output ids + the encoding of only the
 text rendered after them. That is taken only when the new render provably starts with
-the parent's text (same length and digest of the prefix) and the parent's output ended
+the parent's text (prompt + answer) and the parent's output ended
 in a special token, which the tokenizer never merges with what follows; anything else
 is a full encode, counted as a fallback.
 
@@ -21,7 +21,6 @@ ends; otherwise the prompt is the template's (a fallback, with its reason).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from gateway.chat.reasoning_parsers import detect_reasoning_parser
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
 from gateway.chat.tools import inline_tools
+from gateway.token_ids import TokenIds
 
 
 def text_of(content: Any) -> str:
@@ -120,18 +120,13 @@ def _reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     return {"thinking": message["reasoning_content"], **message}
 
 
-def _hasher(text: str) -> Any:
-    """A blake2b state over `text`: a prefix's digest, then continued over what follows,
-    so a long session's text is hashed once per turn."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
-
-
 @dataclass(frozen=True, slots=True)
 class TextPrefix:
-    """What a later render must start with to continue a turn's tokens exactly."""
+    """What a later render must start with to continue a turn's tokens exactly: the
+    turn's prompt text + output text. Kept whole, not as a digest: `startswith` is a
+    memory compare, where hashing a long session's 140 kB cost ~0.2 ms a turn."""
 
-    length: int  # characters of prompt text + output text
-    digest: bytes
+    text: str
 
 
 @dataclass(slots=True)
@@ -141,7 +136,6 @@ class Rendered:
     incremental: bool  # built on the parent's ids (False: a full encode)
     history: str = "template"  # what built it: template | token_exact
     fallback: str | None = None  # why token_exact was asked for and not possible
-    hashed: Any = None  # blake2b state over `text`, where checking the parent made one
 
     @property
     def continues(self) -> bool:
@@ -234,40 +228,44 @@ class ChatRenderer:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
-        parent: tuple[list[int], TextPrefix] | None = None,
+        parent: tuple[list[int], list[int], TextPrefix] | None = None,
     ) -> Rendered:
-        """Prompt ids and text; on the parent's ids when `parent` (its ids, its text
-        prefix) provably starts this render."""
+        """Prompt ids and text; on the parent's ids when `parent` (its prompt ids, output
+        ids, text prefix) provably starts this render."""
         text = self.render_text(messages, tools, tool_choice)
         if parent is not None:
-            ids, prefix = parent
-            if len(text) >= prefix.length:
-                hashed = _hasher(text[: prefix.length])
-                if hashed.digest() == prefix.digest:
-                    tail = text[prefix.length :]
-                    hashed.update(tail.encode("utf-8", "surrogatepass"))
-                    return Rendered(ids + self.encode(tail), text, True, hashed=hashed)
-        return Rendered(self.heads.encode(text), text, False)
+            prompt_ids, output_ids, prefix = parent
+            if text.startswith(prefix.text):
+                # one copy of a long session's ids (`a + b + c` made a second, and
+                # freeing it touched every id again: ~0.3 ms at 40k), and the JSON the
+                # parent's were sent to the engine as
+                ids = TokenIds.joined(prompt_ids, output_ids, self.encode(text[len(prefix.text) :]))
+                return Rendered(ids, text, True)
+        return Rendered(TokenIds(self.heads.encode(text)), text, False)
 
     def render_token_exact(
         self,
         messages: list[dict[str, Any]],
         start: int,
-        parent_ids: list[int],
+        parent: tuple[list[int], list[int]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
     ) -> Rendered:
-        """`parent_ids` (the parent's prompt + output ids) + the rendering of
+        """`parent` (the parent's prompt ids, output ids) + the rendering of
         `messages[start:]`, the messages after the parent's answer `messages[start - 1]`.
 
         A fallback (the template's full render, `fallback` saying why) when the text
         after the answer cannot be told from the template's render."""
         full = self.render_text(messages, tools, tool_choice)
-        closed = bool(parent_ids) and parent_ids[-1] in self.stop_token_ids
-        tail, why = self._after_answer(messages, start, tools, tool_choice, closed, full)
+        prompt_ids, output_ids = parent
+        last = output_ids[-1] if output_ids else prompt_ids[-1] if prompt_ids else None
+        tail, why = self._after_answer(
+            messages, start, tools, tool_choice, last in self.stop_token_ids, full
+        )
         if tail is None:
-            return Rendered(self.heads.encode(full), full, False, fallback=why)
-        return Rendered(parent_ids + self.encode(tail), tail, False, history="token_exact")
+            return Rendered(TokenIds(self.heads.encode(full)), full, False, fallback=why)
+        ids = TokenIds.joined(prompt_ids, output_ids, self.encode(tail))
+        return Rendered(ids, tail, False, history="token_exact")
 
     def _after_answer(
         self,
@@ -299,21 +297,14 @@ class ChatRenderer:
             return None, "template_mismatch"
         return tail, ""
 
-    def text_prefix(
-        self, prompt_text: str, output_ids: list[int], hashed: Any = None
-    ) -> TextPrefix | None:
+    def text_prefix(self, prompt_text: str, output_ids: list[int]) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely
-        continue these tokens (the output did not end in a special token). `hashed`:
-        the render's hash state over `prompt_text`, continued instead of re-hashing it."""
+        continue these tokens (the output did not end in a special token)."""
         if not output_ids or output_ids[-1] not in self._special:
             return None
-        answer = self.tokenizer.decode(output_ids, skip_special_tokens=False)
-        if hashed is None:
-            hashed = _hasher(prompt_text + answer)
-        else:
-            hashed = hashed.copy()
-            hashed.update(answer.encode("utf-8", "surrogatepass"))
-        return TextPrefix(len(prompt_text) + len(answer), hashed.digest())
+        return TextPrefix(
+            prompt_text + self.tokenizer.decode(output_ids, skip_special_tokens=False)
+        )
 
     def render_text(
         self,

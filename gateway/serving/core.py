@@ -26,10 +26,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
 from gateway.chat.drift import drift
-from gateway.chat.linking import answer_positions
+from gateway.chat.linking import ConversationHash, answer_positions, framed, last_answer
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.reasoning_parsers import make_reasoning_parser
-from gateway.chat.template import ChatRenderer, Rendered, TextPrefix
+from gateway.chat.template import ChatRenderer, Rendered
 from gateway.chat.tool_parsers import make_tool_parser
 from gateway.config import HISTORY_MODES, GatewayConfig
 from gateway.errors import APIError, store_unavailable, store_unavailable_error
@@ -171,8 +171,9 @@ class ServingCore:
             max_weight=config.parent_cache_tokens,
             weigh=lambda p: len(p.prompt_ids) + len(p.output_ids),
         )
-        # completion id -> the text a child's render must start with (incremental prompts)
-        self._prefixes: LRU[str, TextPrefix] = LRU(config.parent_cache_size)
+        # (session id, messages before the answer) -> the answers' hashes, newest last:
+        # where a request's conversation hash resumes from (`link`)
+        self._answered: LRU[tuple[str, int], list[str]] = LRU(config.parent_cache_size)
         # (session id, body hash) -> the original a retry waits for. Not an LRU: an entry
         # lives while its request generates, so `max_pending_requests` bounds them.
         self._inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
@@ -252,6 +253,29 @@ class ServingCore:
         asked = {k: turn.request.get(k) for k in forced}
         turn.request = {**turn.request, **forced, "client_sampling": asked}
 
+    def link(
+        self,
+        session_id: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> tuple[ConversationHash, Link | None]:
+        """The request's conversation hash and the parent it continues.
+
+        The hash resumes from a parent this process answered when the request repeats
+        that parent's messages and answer (its last assistant message): a long session
+        hashes only its new messages each turn."""
+        k = last_answer(messages)
+        answered = self._answered.get((session_id, k)) if k is not None else None
+        if answered:
+            answer = framed(messages[k])
+            for h in reversed(answered):
+                parent = self._recent.get((session_id, h))
+                resume = parent.conversation if parent is not None else None
+                if resume is not None and resume.continued_by(messages, tools, answer):
+                    return ConversationHash(messages, tools, resume), Link(parent, 0)
+        hashes = ConversationHash(messages, tools)
+        return hashes, self.find_parent(session_id, hashes.candidates)
+
     def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
         """The latest recorded answer whose (request + answer) hash is in `hashes`
         (longest prefix first).
@@ -327,7 +351,7 @@ class ServingCore:
         start = answer_positions(messages)[link.rank] + 1
         prompt_ids, output_ids = link.parent.prompt_ids, link.parent.output_ids
         rendered = self.renderer.render_token_exact(
-            messages, start, prompt_ids + output_ids, tools, tool_choice
+            messages, start, (prompt_ids, output_ids), tools, tool_choice
         )
         kind = "fallbacks" if rendered.fallback else "built"
         self.metrics.inc(f"turnstile_prompts_token_exact_{kind}_total")
@@ -341,10 +365,9 @@ class ServingCore:
         link: Link | None,
     ) -> Rendered:
         parent = link.parent if link is not None else None
-        prefix = self._prefixes.get(parent.id) if parent is not None else None
         on = (
-            (parent.prompt_ids + parent.output_ids, prefix)
-            if parent is not None and prefix
+            (parent.prompt_ids, parent.output_ids, parent.prefix)
+            if parent is not None and parent.prefix is not None
             else None
         )
         rendered = self.renderer.render(messages, tools, tool_choice, on)
@@ -556,18 +579,29 @@ class ServingCore:
             if exc.cause is not None and store_unavailable(exc.cause):
                 raise store_unavailable_error(exc.cause) from exc
             raise APIError(503, str(exc), code="record_failed") from exc
-        parent = Parent(out.completion_id, turn.prompt_ids, out.output_ids, turn.request)
-        self._recent.put((turn.session_id, answer_hash), parent)
-        if turn.prompt_text is not None and turn.history != "token_exact":
-            # (a token_exact prompt's text is only its new messages': no prefix to give)
-            prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids, turn.prompt_hashed)
-            if prefix is not None:
-                self._prefixes.put(out.completion_id, prefix)
+        self._remember(turn, out, answer_hash)
         self.metrics.inc("turnstile_completions_total")
         if out.index == 0:  # the choices of one request share its prompt
             self.metrics.inc("turnstile_prompt_tokens_total", len(turn.prompt_ids))
         self.metrics.inc("turnstile_completion_tokens_total", len(out.output_ids))
         self.metrics.observe("turnstile_completion_seconds", time.perf_counter() - turn.started)
+
+    def _remember(self, turn: Turn, out: ChoiceOutput, answer_hash: str) -> None:
+        """Keep the answer for its child: its tokens, its text prefix and its hash state."""
+        prefix = None
+        if turn.prompt_text is not None and turn.history != "token_exact":
+            # (a token_exact prompt's text is only its new messages': no prefix to give)
+            prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
+        resume = turn.conversation.resume_point(answer_hash) if turn.conversation else None
+        parent = Parent(
+            out.completion_id, turn.prompt_ids, out.output_ids, turn.request, prefix, resume
+        )
+        self._recent.put((turn.session_id, answer_hash), parent)
+        if resume is not None:
+            key = (turn.session_id, len(resume.messages))
+            answered = self._answered.get(key) or []
+            # one entry per choice of a request; a few more for re-sent turns
+            self._answered.put(key, [*answered[-2 * self.max_n :], answer_hash])
 
     # ---- background work -------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from gateway.chat.linking import tokens_continue
+from gateway.chat.linking import ConversationHash, tokens_continue
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.template import Rendered
 from gateway.chat.tool_parsers import Event, content_events
@@ -147,6 +147,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         prompt_text: str | None = None,
         prompt: Rendered | None = None,
         history: str = "template",
+        conversation: ConversationHash | None = None,
     ) -> Turn:
         """One request as the engine and the store see it: the step `prepare` ends with.
 
@@ -182,7 +183,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             ids,
             body_hash,
             prompt_text=prompt_text,
-            prompt_hashed=prompt.hashed if prompt is not None else None,
+            conversation=conversation,
             continues_parent=continues,
             drift=self.core.drift(parent, prompt_ids) if continues is False else None,
             history=prompt.history if prompt is not None and history != "template" else None,

@@ -20,7 +20,6 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tool_parsers import Event, ToolCall, content_events
 from gateway.chat.tools import check_tool_choice
@@ -106,8 +105,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         self, req: MessagesRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         messages, tools, tool_choice = await self.chat_of(req, session.id)
-        hashes = ConversationHash(messages, tools)
-        link = self.core.find_parent(session.id, hashes.candidates)
+        hashes, link = self.core.link(session.id, messages, tools)
         history = self.core.history_of(session)
         prompt = self.core.render(
             messages,
@@ -131,12 +129,12 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             request=request,
             prompt=prompt,
             history=history,
+            conversation=hashes,
         )
         if turn.params.max_new_tokens < req.max_tokens:  # clamped, never a 400
             request["max_tokens_clamped_to"] = turn.params.max_new_tokens
         turn.side_request = await self._is_side_request(req, session.id, tools)
         context = {
-            "hashes": hashes,
             "may_call": bool(tools) and tool_choice != "none",
             "writer": BlockWriter(turn.ids[0], emit=req.stream),
         }
@@ -213,7 +211,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             self._arguments.put(turn.ids[0], dict(writer.tool_arguments))
         if not turn.side_request:
             self._main_model.put(turn.session_id, p.req.model)
-        answer_hash = p.context["hashes"].with_answer(message)
+        answer_hash = turn.answer_hash(message)
         response = {"message": body, "tool_arguments": writer.tool_arguments}
         return Answer(out, finish, response, answer_hash, message)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tool_parsers import (
     ContentEvent,
@@ -70,8 +69,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         tools = None if req.tool_choice == "none" else req.tools
-        hashes = ConversationHash(req.messages, req.tools)
-        link = self.core.find_parent(session.id, hashes.candidates)
+        hashes, link = self.core.link(session.id, req.messages, req.tools)
         history = self.core.history_of(session)
         prompt = self.core.render(
             req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",
@@ -89,9 +87,9 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             parent=link.parent if link else None,
             prompt=prompt,
             history=history,
+            conversation=hashes,
         )
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
-        p.context["hashes"] = hashes
         if req.stream:
             p.context["writer"] = ChunkWriter(req, turn.ids[0], self.shapes)
         return p
@@ -111,7 +109,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             if parser.tool_calls:
                 message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
                 finish = "tool_calls" if finish == "stop" else finish
-        answer_hash = p.context["hashes"].with_answer(message)
+        answer_hash = turn.answer_hash(message)
         return Answer(out, finish, {"message": message}, answer_hash, message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
-from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tool_parsers import Event, ToolCall, content_events
 from gateway.chat.tools import check_tool_choice
@@ -99,8 +98,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        hashes = ConversationHash(messages, tools)
-        link = self.core.find_parent(session.id, hashes.candidates)
+        hashes, link = self.core.link(session.id, messages, tools)
         history = self.core.history_of(session)
         prompt = self.core.render(
             messages,
@@ -126,11 +124,11 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             param="input",
             prompt=prompt,
             history=history,
+            conversation=hashes,
         )
         params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
         context = {
-            "hashes": hashes,
             "tools": tools,
             "shape": shape,
             "writer": EventWriter(emit=req.stream),
@@ -169,7 +167,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             message["reasoning_content"] = parser.reasoning
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
-        answer_hash = p.context["hashes"].with_answer(message)
+        answer_hash = turn.answer_hash(message)
         return Answer(out, finish, dump(choice.response), answer_hash, message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
