@@ -593,3 +593,30 @@ def test_token_exact_with_harmony():
         "<|end|><|start|>assistant"
     )
     assert second.ids[: len(first.ids) + len(out1)] == first.ids + out1
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ messages.append(1) }}",
+        "{% for m in messages %}{{ m.update({'role': 'x'}) }}{% endfor %}",
+    ],
+)
+def test_the_template_sandbox_refuses_what_changes_the_messages(tokenizer, template) -> None:
+    """The renderer keeps the sandbox's verdict per (type, attribute) for speed: the
+    second render must be refused as the first was, and safe attributes still work."""
+    from jinja2.exceptions import SecurityError
+
+    from gateway.chat.template import ChatRenderer
+
+    renderer = ChatRenderer(tokenizer, chat_template=template)
+    for _ in range(2):
+        with pytest.raises(SecurityError):
+            renderer.render_text([{"role": "user", "content": "hi"}])
+    safe = ChatRenderer(
+        tokenizer,
+        chat_template="{% for m in messages %}{{ m.content.upper() }}{{ loop.first }}{% endfor %}",
+    )
+    assert [safe.render_text([{"role": "user", "content": "hi"}]) for _ in range(2)] == [
+        "HITrue"
+    ] * 2

@@ -151,6 +151,28 @@ _ANSWER_MARK = "\ue000turnstile-answer\ue001"
 TEMPLATES = Path(__file__).with_name("templates")
 
 
+def _remember_safe_attributes(environment: Any) -> None:
+    """The sandbox's verdict on an attribute (`loop.first`, `content.split`), kept per
+    (type, name): jinja2 works it out with a string of isinstance checks on every access,
+    about half of rendering a long history. The verdict depends on nothing else
+    (jinja2.sandbox: `is_internal_attribute` and `modifies_known_mutable` test the type
+    and the name), so the sandbox's rules are unchanged."""
+    if getattr(environment, "_turnstile_memo", False):
+        return  # transformers caches compiled templates: one environment, once
+    check = environment.is_safe_attribute
+    verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = bool(check(obj, attr, value))
+        return verdict
+
+    environment.is_safe_attribute = is_safe_attribute
+    environment._turnstile_memo = True
+
+
 # Not a Jinja template: gpt-oss's harmony format, rendered by openai-harmony (harmony.py).
 HARMONY = "harmony"
 
@@ -208,6 +230,8 @@ class ChatRenderer:
         # extensions), rendered straight on normalised messages: apply_chat_template
         # would copy every message of a long history again on every turn
         self._compiled = None if self.harmony is not None else _compile_jinja_template(template)
+        if self._compiled is not None:
+            _remember_safe_attributes(self._compiled.environment)
         self._template_kwargs = dict(tokenizer.special_tokens_map)
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
         # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
