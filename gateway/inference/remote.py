@@ -40,6 +40,7 @@ from gateway.inference.base import (
 )
 from gateway.inference.http_client import ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
 from gateway.inference.routing import StickyRouter
+from gateway.token_ids import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +356,10 @@ class RemoteEngine(InferenceEngine):
                 if not self._gate.is_set():
                     await self._gate.wait()
                 version_before, update_epoch = self._version, self._updates_started
-                body = self._body(prompt_ids + output, params, len(output), stream)
+                # (the prompt as it is: a long session's ids are copied, and written as
+                # JSON, once; see gateway/token_ids.py)
+                ids = TokenIds.joined(prompt_ids, output) if output else prompt_ids
+                body = self._body(ids, params, len(output), stream)
                 headers = (
                     {self.routing_header: route_key} if route_key and self.routing_header else None
                 )
