@@ -4,7 +4,7 @@ One run, everything on 127.0.0.1:
   1. bench/engine_server.py starts as its own process: an engine that answers instantly,
      with real SmolLM2 token ids and logprobs, over SGLang's `/generate` and OpenAI's
      chat API;
-  2. two servers start pinned to core 0 (`taskset -c 0`), one after the other:
+  2. two servers start pinned to core 0 (`taskset -c 0`), side by side:
      - *pass-through*: bench/passthrough.py, a naive FastAPI + httpx proxy to the
        engine's chat API that records nothing: the reference;
      - *gateway*: `turnstile serve --engine sglang --engine-url ENGINE`: renders,
@@ -12,15 +12,17 @@ One run, everything on 127.0.0.1:
   3. the load generator (bench/load.py, aiohttp) and the engine share core 1. Agents run
      4-turn sessions with a ~1.7 kB system prompt, ~300-char user turns, `logprobs: true`
      and `max_tokens` 64; the engine answers 32 tokens. Levels: 1 and 16 sessions;
-  4. CPU per answered request is the server process's user + system time (psutil) over
-     the run; the ratio gateway / pass-through is the figure to watch, since this
-     machine's speed varies from day to day and both are measured in the same run;
+  4. each level runs through the pass-through, then the gateway, and the whole set
+     `--rounds` times (3), so both see the machine's speed drift alike; CPU per answered
+     request is the server's CPU time (from the scheduler) over its runs, pooled. The
+     ratio gateway / pass-through is the figure to watch, since this machine's speed
+     varies from day to day;
   5. `--profile` samples the gateway with py-spy under the largest level and sums the
      samples by the library that owns the innermost known frame;
   6. the gateway is killed with SIGKILL and every 200 is looked up in its store;
   7. its section of docs/benchmarks.md is rewritten between markers.
 
-    python -m bench.hot_path              # ~2 min on 2 cores
+    python -m bench.hot_path              # ~1 min on 2 cores; --long: ~4 min
     python -m bench.hot_path --profile    # needs `pip install py-spy`
 """
 
@@ -103,6 +105,37 @@ class Run:
     @property
     def cpu_ms(self) -> float:
         return 1000.0 * self.cpu_s / self.result.ok if self.result.ok else float("nan")
+
+
+def pooled(runs: list[Run]) -> list[Run]:
+    """One run per (path, sessions): the rounds' requests, latencies and CPU together."""
+    out: dict[tuple[str, int], Run] = {}
+    for r in runs:
+        key = (r.path, r.result.concurrency)
+        if key not in out:
+            res = r.result
+            out[key] = Run(r.path, LevelResult(res.target, res.concurrency, res.turns), 0.0)
+        acc = out[key]
+        acc.cpu_s += r.cpu_s
+        acc.result.wall_s += r.result.wall_s
+        acc.result.latencies_ms += r.result.latencies_ms
+        acc.result.statuses.update(r.result.statuses)
+        acc.result.errors += r.result.errors
+        acc.result.records += r.result.records
+    return list(out.values())
+
+
+def pooled_long(runs: list[LongRun]) -> list[LongRun]:
+    """One long run per (path, sessions): CPU per request averaged turn by turn."""
+    groups: dict[tuple[str, int], list[LongRun]] = {}
+    for r in runs:
+        groups.setdefault((r.path, r.result.concurrency), []).append(r)
+    out = []
+    for group in groups.values():
+        turns = min(len(r.cpu_ms) for r in group)
+        cpu = [sum(r.cpu_ms[t] for r in group) / len(group) for t in range(turns)]
+        out.append(LongRun(group[0].path, group[-1].result, cpu, group[-1].rss))
+    return out
 
 
 def git(*args: str) -> str:
@@ -247,22 +280,29 @@ class Bench:
         )
         return run
 
-    async def path_runs(self, path: str, server: Child, url: str) -> None:
-        await self.measure(server, path, url, 4)  # warm-up, not reported
-        for sessions in self.args.levels:
-            self.runs.append(await self.measure(server, path, url, sessions))
-        if path == GATEWAY and self.args.profile:
+    async def interleaved(self, servers: list[tuple[str, Child, str]]) -> None:
+        """Each level through every path in turn, `--rounds` times: the machine's speed
+        drifts over minutes, and both paths then see the same drift."""
+        for path, server, url in servers:
+            await self.measure(server, path, url, 4)  # warm-up, not reported
+        for _ in range(self.args.rounds):
+            for sessions in self.args.levels:
+                for path, server, url in servers:
+                    self.runs.append(await self.measure(server, path, url, sessions))
+            if self.args.long:
+                for sessions in self.args.levels:
+                    for path, server, url in servers:
+                        self.long.append(await self.long_run(server, path, url, sessions))
+        path, server, url = servers[-1]  # the gateway, sampled apart from the figures
+        if self.args.profile:
             with self.sampled(server, "profile.txt") as raw:
                 await self.measure(server, path, url, max(self.args.levels))
             self.profile = profile_table(raw)
-        if self.args.long:
-            for sessions in self.args.levels:
-                if path == GATEWAY and self.args.profile and sessions == max(self.args.levels):
-                    with self.sampled(server, "profile-long.txt") as raw:
-                        self.long.append(await self.long_run(server, path, url, sessions))
-                    self.long_profile = profile_table(raw)
-                    continue
-                self.long.append(await self.long_run(server, path, url, sessions))
+            if self.args.long:
+                with self.sampled(server, "profile-long.txt") as raw:
+                    await self.long_run(server, path, url, max(self.args.levels))
+                self.long_profile = profile_table(raw)
+        self.runs, self.long = pooled(self.runs), pooled_long(self.long)
 
     @contextlib.contextmanager
     def sampled(self, server: Child, name: str) -> Iterator[Path]:
@@ -340,8 +380,6 @@ class Bench:
             ),
             f"http://127.0.0.1:{p_port}/docs",
         )
-        await self.path_runs(PASS, proxy, f"http://127.0.0.1:{p_port}/v1")
-        proxy.stop()
         db = self.work / "gateway.db"
         turnstile = str(Path(py).parent / "turnstile")
         gateway = self.start(
@@ -365,7 +403,13 @@ class Bench:
             ),
             f"http://127.0.0.1:{g_port}/healthz",
         )
-        await self.path_runs(GATEWAY, gateway, f"http://127.0.0.1:{g_port}/v1")
+        await self.interleaved(
+            [
+                (PASS, proxy, f"http://127.0.0.1:{p_port}/v1"),
+                (GATEWAY, gateway, f"http://127.0.0.1:{g_port}/v1"),
+            ]
+        )
+        proxy.stop()
         gateway.kill_hard()
         store = check_store(db, self.records)
         print(store.describe())
@@ -383,6 +427,9 @@ class Bench:
             return 1
         if self.long:
             print(self.storage_line(db))
+        print(section)
+        if self.long:
+            print(self.long_section(db))
         if self.args.write_docs:
             write_section(DOC, section, BEGIN, END)
             if self.long:
@@ -457,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
         help="requests at 1 session (4x that at more; default 800)",
     )
     p.add_argument("--turns", type=int, default=4)
+    p.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of every level (default 3)"
+    )
     p.add_argument("--profile", action="store_true", help="sample the gateway with py-spy")
     p.add_argument("--long", action="store_true", help="also run long sessions (see --long-turns)")
     p.add_argument("--long-turns", type=int, default=64)

@@ -593,8 +593,9 @@ class ServingCore:
             # (a token_exact prompt's text is only its new messages': no prefix to give)
             prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
         resume = turn.conversation.resume_point(answer_hash) if turn.conversation else None
+        output_ids = self.renderer.interned(out.output_ids)  # (see ChatRenderer.interned)
         parent = Parent(
-            out.completion_id, turn.prompt_ids, out.output_ids, turn.request, prefix, resume
+            out.completion_id, turn.prompt_ids, output_ids, turn.request, prefix, resume
         )
         self._recent.put((turn.session_id, answer_hash), parent)
         if resume is not None:
