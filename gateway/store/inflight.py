@@ -22,10 +22,14 @@ _T = InflightRow.__table__
 
 
 class InflightMarks:
-    def __init__(self, engine: Engine, lease_s: float = 6.0) -> None:
+    def __init__(self, engine: Engine, lease_s: float = 6.0, sweep_every_s: float = 60.0) -> None:
         self.engine = engine
         self.lease_s = lease_s
         self.shared = engine.dialect.name != "sqlite"
+        # A replica that dies mid-request leaves its marks: they stop counting when they
+        # expire, and whoever marks next after `sweep_every_s` deletes them.
+        self.sweep_every_s = sweep_every_s
+        self._next_sweep = 0.0
 
     def mark(self, session_id: str, request_hash: str) -> str | None:
         """Publish that this request is generating; its mark id (None: not shared)."""
@@ -37,6 +41,13 @@ class InflightMarks:
         with self.engine.begin() as conn:
             _not_durable(conn)
             conn.execute(insert(InflightRow), [row])
+            if time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + self.sweep_every_s
+                conn.execute(
+                    delete(InflightRow).where(
+                        _T.c.expires_at < row["expires_at"] - 2 * self.lease_s
+                    )
+                )
         return mark_id
 
     def renew(self, mark_id: str) -> None:
