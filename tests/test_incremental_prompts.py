@@ -129,3 +129,14 @@ def test_prompt_ids_sent_on_their_parents_json_are_the_same_json(parts) -> None:
     assert orjson.dumps(ids.json()) == orjson.dumps([*expected, 9])
     del ids[-2:]  # cut: written again
     assert orjson.dumps(ids.json()) == orjson.dumps(expected[:-1])
+
+
+def test_interned_ids_keep_their_values_and_odd_ones_stay(tokenizer) -> None:
+    """Cached ids share one int object per id; an engine whose vocabulary is padded past
+    the tokenizer's (or a broken one) keeps its ids as they were, never remapped."""
+    renderer = ChatRenderer(tokenizer)
+    ids = renderer.encode("Hello there, 12345 tokens!")
+    assert ids == tokenizer.encode("Hello there, 12345 tokens!", add_special_tokens=False)
+    odd = [1, len(tokenizer) + 7, -1, 500]
+    assert renderer.interned(odd) == odd
+    assert renderer.interned(ids)[0] is renderer.interned(list(ids))[0]

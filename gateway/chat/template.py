@@ -6,9 +6,9 @@ records are the ones that were generated from, not a later re-tokenisation.
 Incremental prompts: a turn that extends a recorded one does not re-tokenise the whole
 history. Its prompt is the parent's prompt ids + output ids + the encoding of only the
 text rendered after them. That is taken only when the new render provably starts with
-the parent's text (prompt + answer) and the parent's output ended
-in a special token, which the tokenizer never merges with what follows; anything else
-is a full encode, counted as a fallback.
+the parent's text (prompt + answer, compared as text) and the parent's output ended in
+a special token, which the tokenizer never merges with what follows; anything else is
+a full encode, counted as a fallback.
 
 Token-exact history (`history: token_exact`): a turn's prompt is always the parent's
 prompt ids + output ids + the rendering of only the messages after the parent's answer,
@@ -251,14 +251,14 @@ class ChatRenderer:
         )
 
     def interned(self, ids: list[int]) -> list[int]:
-        """The same ids as this tokenizer's one int object per id. A long session's
-        cached prompts then hold 8 bytes a token, not 8 + a 32-byte int each, and
-        copying them touches a few thousand objects, not one per token."""
+        """The same ids, each as the one int object this renderer keeps per id. A long
+        session's cached prompts then hold 8 bytes a token, not 8 + a 32-byte int each,
+        and copying them touches a few thousand objects, not one per token."""
         table = self._id_objects
-        try:
+        if not ids or (min(ids) >= 0 and max(ids) < len(table)):
             return list(map(table.__getitem__, ids))
-        except IndexError:  # an engine's vocabulary may be padded past the tokenizer's
-            return [table[i] if 0 <= i < len(table) else i for i in ids]
+        # an engine's vocabulary may be padded past the tokenizer's: those stay as they are
+        return [table[i] if 0 <= i < len(table) else i for i in ids]
 
     def render(
         self,
