@@ -92,7 +92,7 @@ class DeepSpeedEngine(TrainEngine):
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
-        self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
             config=deepspeed_config(cfg),
@@ -191,11 +191,11 @@ class DeepSpeedEngine(TrainEngine):
     def _step(self) -> float | None:
         """One optimizer step; returns this step's gradient norm, before clipping.
 
-        ZeRO 2/3 compute the norm inside `step()`; ZeRO 0/1 keep whole gradients on
-        every rank and DeepSpeed does not report it there, so it is taken before.
+        ZeRO 1-3 compute the norm inside `step()`; without ZeRO DeepSpeed does not
+        report it, so it is taken before, from the whole gradients every rank holds.
         """
         own = None
-        if self.cfg.zero_stage < 2:
+        if self.cfg.zero_stage == 0:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             own = float(torch.nn.utils.get_total_norm(grads)) if grads else None
         self.engine.step()
