@@ -22,7 +22,7 @@ One run, everything on 127.0.0.1:
   6. the gateway is killed with SIGKILL and every 200 is looked up in its store;
   7. its section of docs/benchmarks.md is rewritten between markers.
 
-    python -m bench.hot_path              # ~1 min on 2 cores; --long: ~4 min
+    python -m bench.hot_path              # ~1 min on 2 cores; --long: ~2 min
     python -m bench.hot_path --profile    # needs `pip install py-spy`
 """
 
@@ -425,15 +425,14 @@ class Bench:
         if failed or not store.ok:
             print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
             return 1
-        if self.long:
-            print(self.storage_line(db))
         print(section)
-        if self.long:
-            print(self.long_section(db))
+        long = self.long_section(db) if self.long else None  # (reads the store: once)
+        if long is not None:
+            print(long)
         if self.args.write_docs:
             write_section(DOC, section, BEGIN, END)
-            if self.long:
-                write_section(DOC, self.long_section(db), LONG_BEGIN, LONG_END)
+            if long is not None:
+                write_section(DOC, long, LONG_BEGIN, LONG_END)
         return 0
 
     def long_section(self, db: Path) -> str:
