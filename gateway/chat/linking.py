@@ -120,9 +120,3 @@ def answer_positions(messages: list[dict[str, Any]]) -> list[int]:
     """Index of each assistant message, longest prefix first: the i-th of
     `ConversationHash.candidates` ends at message `answer_positions(...)[i]`."""
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"][::-1]
-
-
-def tokens_continue(parent_prompt: list[int], parent_output: list[int], prompt: list[int]) -> bool:
-    """Does this prompt start with exactly the tokens the parent saw and produced?"""
-    prefix = parent_prompt + parent_output
-    return len(prompt) >= len(prefix) and prompt[: len(prefix)] == prefix

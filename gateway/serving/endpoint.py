@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from gateway.chat.linking import ConversationHash, tokens_continue
+from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.template import Rendered
 from gateway.chat.tool_parsers import Event, content_events
@@ -29,6 +29,7 @@ from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
 from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn
 from gateway.sse import sse_error, sse_response
+from gateway.store.delta import continued_length
 from gateway.store.repository import SessionInfo
 
 Req = TypeVar("Req")
@@ -170,7 +171,9 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         elif prompt is not None and prompt.continues:  # built on the parent's ids
             continues = True
         else:
-            continues = tokens_continue(parent.prompt_ids, parent.output_ids, prompt_ids)
+            # does it start with exactly the tokens the parent saw and produced?
+            shared = continued_length(parent.prompt_ids, parent.output_ids, prompt_ids)
+            continues = shared == len(parent.prompt_ids) + len(parent.output_ids)
         return Turn(
             session.id,
             self.endpoint,

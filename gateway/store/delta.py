@@ -85,14 +85,13 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
-def continued_length(parent: Full, prompt_ids: list[int]) -> int:
-    """How many leading `prompt_ids` are the parent's prompt then output ids (without
+def continued_length(prompt: list[int], output: list[int], ids: list[int]) -> int:
+    """How many leading `ids` are a parent's `prompt` then `output` ids (without
     building their 30k-token concatenation for a long session's every turn)."""
-    head = parent.prompt_ids
-    n = shared_prefix(head, prompt_ids)
-    if n < len(head):
+    n = shared_prefix(prompt, ids)
+    if n < len(prompt):
         return n
-    return n + shared_prefix(parent.output_ids, prompt_ids[n:])
+    return n + shared_prefix(output, ids[n:])
 
 
 def request_delta(base: Request, request: Request) -> tuple[Request, bool]:
@@ -141,7 +140,7 @@ def delta_columns(
         if continues:
             shared = len(parent.prompt_ids) + len(parent.output_ids)
         else:
-            shared = continued_length(parent, prompt_ids)
+            shared = continued_length(parent.prompt_ids, parent.output_ids, prompt_ids)
         if continued or shared:
             return {
                 "request": delta,
