@@ -16,6 +16,7 @@ from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
 from gateway.entrypoints.anthropic.messages import api_router as messages
+from gateway.entrypoints.hot_routes import HotRoutes
 from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
 from gateway.entrypoints.openai.completion import api_router as completion
@@ -83,6 +84,8 @@ def create_app(
 
     app = FastAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
+    # innermost: inside every middleware below
+    app.add_middleware(HotRoutes, api=app, routers=[m.router for m in ROUTERS])
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status

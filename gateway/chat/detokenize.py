@@ -8,8 +8,19 @@ whose text reaches it: what the client got and what is recorded agree.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any
+
+
+def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """Ids -> text, special tokens kept: the Rust tokenizer's own `decode` where it gives
+    transformers' text (a tokenizer that does not clean up spaces), at about a third of
+    the CPU per call; transformers' `decode` otherwise."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return partial(backend.decode, skip_special_tokens=False)
+    return partial(tokenizer.decode, skip_special_tokens=False)
 
 
 def partial_suffix_len(text: str, needles: Sequence[str]) -> int:
@@ -29,7 +40,7 @@ class IncrementalDecoder:
         stop_token_ids: Collection[int],
         stop_strings: Sequence[str] = (),
     ) -> None:
-        self._tok = tokenizer
+        self._decode_ids = text_decoder(tokenizer)
         self._special = frozenset(stop_token_ids)
         self.stops = [s for s in stop_strings if s]
         self._max_stop = max((len(s) for s in self.stops), default=0)
@@ -92,7 +103,7 @@ class IncrementalDecoder:
     def _piece(self, start: int, end: int) -> str:
         if start == end:
             return ""
-        return self._tok.decode(self._text_ids[start:end], skip_special_tokens=False)
+        return self._decode_ids(self._text_ids[start:end])
 
     def _find_stop(self, search_from: int, clean_upto: int) -> None:
         # (end, start) of each stop string found: the one completed first wins

@@ -30,6 +30,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
+from gateway.chat.detokenize import text_decoder
 from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_tool_results
 from gateway.chat.prompt_heads import HeadCache
 from gateway.chat.reasoning_parsers import detect_reasoning_parser
@@ -226,6 +227,7 @@ class ChatRenderer:
             self.traits = TemplateTraits(True, True, False, False, True)
             self.tool_parser = self.reasoning_parser = "harmony"
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
+        self.decode = text_decoder(tokenizer)  # ids -> text, special tokens kept
         self._id_objects = list(range(len(tokenizer)))
         # the template compiled once (transformers' own sandboxed environment and
         # extensions), rendered straight on normalised messages: apply_chat_template
@@ -339,9 +341,7 @@ class ChatRenderer:
         continue these tokens (the output did not end in a special token)."""
         if not output_ids or output_ids[-1] not in self._special:
             return None
-        return TextPrefix(
-            prompt_text + self.tokenizer.decode(output_ids, skip_special_tokens=False)
-        )
+        return TextPrefix(prompt_text + self.decode(output_ids))
 
     def render_text(
         self,
@@ -379,4 +379,4 @@ class ChatRenderer:
         ids = output_ids
         if ids and ids[-1] in self.stop_token_ids:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.decode(ids)

@@ -379,11 +379,7 @@ class ServingCore:
     def drift(self, parent: Parent, prompt_ids: list[int]) -> dict[str, Any] | None:
         """Where (and why) this prompt, which does not continue its parent's tokens,
         leaves them; counted in /metrics."""
-        tok = self.renderer.tokenizer
-
-        def decode(ids: list[int]) -> str:
-            return tok.decode(ids, skip_special_tokens=False)
-
+        decode = self.renderer.decode
         calls = make_tool_parser(self.tool_parser_name)
         calls.feed(decode(parent.output_ids))
         calls.finish()

@@ -3,6 +3,8 @@
 A request's reply waits for the commit that holds its record, but many requests share
 one commit: a writer thread drains whatever is queued and inserts it in one
 transaction. That keeps "a 200 means it is on disk" without one fsync per request.
+The thread keeps one connection open: a pool checkout, and the rollback the pool does on
+every return, cost about half as much again as a one-row insert and commit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Connection, Engine, insert
+from sqlalchemy.exc import DBAPIError
 
 from gateway.store.records import CompletionRecord
 from gateway.store.schema import CompletionRow
@@ -49,6 +52,8 @@ class Recorder:
         self.max_batch = max_batch
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._insert = insert(CompletionRow)
+        self._conn: Connection | None = None  # the writer thread's own
         self.committed = 0
         self.batches = 0
 
@@ -74,6 +79,12 @@ class Recorder:
         await fut
 
     def _run(self) -> None:
+        try:
+            self._drain()
+        finally:
+            self._close()
+
+    def _drain(self) -> None:
         stopping = False
         while not stopping:
             item = self._queue.get()
@@ -95,8 +106,7 @@ class Recorder:
         error: BaseException | None = None
         started = time.perf_counter()
         try:
-            with self.engine.begin() as conn:
-                conn.execute(insert(CompletionRow), [row for row, _, _ in batch])
+            self._write([row for row, _, _ in batch])
             self.committed += len(batch)
             self.batches += 1
             if self.on_commit is not None:
@@ -106,6 +116,29 @@ class Recorder:
             error = exc
         for _, loop, fut in batch:
             loop.call_soon_threadsafe(_settle, fut, error)
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        """Insert and commit on the kept connection. One the store dropped (a restarted
+        server) is replaced and the batch tried once more; any failure closes it."""
+        for attempt in (1, 2):
+            if self._conn is None:
+                self._conn = self.engine.connect()
+            try:
+                with self._conn.begin():
+                    self._conn.execute(self._insert, rows)
+                return
+            except Exception as exc:
+                self._close()
+                if attempt == 2 or not (isinstance(exc, DBAPIError) and exc.connection_invalidated):
+                    raise
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                conn.close()
+            except Exception:  # a connection already broken: nothing to give back
+                log.debug("closing the recorder's connection failed", exc_info=True)
 
 
 def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:

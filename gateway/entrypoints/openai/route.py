@@ -3,7 +3,8 @@ the request to its endpoint's serving handler (`OpenAIServing.handle_request`).
 
 Written as one plain handler rather than FastAPI parameters and dependencies: this runs
 for every turn of every agent, and resolving three dependencies plus FastAPI's
-json-then-validate body parsing cost more than the steps themselves. The body is
+json-then-validate body parsing cost more than the steps themselves. It is served
+`direct` (gateway/entrypoints/hot_routes.py): FastAPI's routing is not in its way. The body is
 validated from its bytes once (pydantic's `model_validate_json`), the bytes hashed for
 retry detection, and errors keep the shapes FastAPI's own path gives (an unknown key is
 401 before a bad body is 400). The body's schema is still in the OpenAPI document.
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway import json_codec
 from gateway.api_schema import errors
+from gateway.entrypoints.hot_routes import direct
 from gateway.serving.endpoint import RetryIdentity
 from gateway.serving.turn import request_hash
 
@@ -64,16 +66,18 @@ def openai_route(
         openapi_extra=body_schema,
         responses=replies,
     )
-    async def route(request: Request) -> Any:
+    @direct
+    async def route(request: Request) -> Response:
         state = request.app.state.gateway
         caller = state.keys.resolve(request, allow_admin=False)
         raw = await request.body()
         body = parse_body(request_model, raw)
         retry = RetryIdentity(request_hash(raw), retry_count(request))
         reply = await state.serving(serving_cls).handle_request(body, caller.session, retry)
-        if isinstance(reply, dict):  # plain JSON data: encode it once, no jsonable_encoder pass
-            return Response(json_codec.dumps(reply), media_type="application/json")
-        return reply
+        if isinstance(reply, Response):  # a stream
+            return reply
+        # plain JSON data: encoded once, no jsonable_encoder pass
+        return Response(json_codec.dumps(reply), media_type="application/json")
 
     return router
 
