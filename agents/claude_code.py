@@ -98,7 +98,7 @@ class ClaudeCodeAgent:
         )  # fmt: skip
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             raise

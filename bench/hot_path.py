@@ -159,7 +159,7 @@ def machine() -> str:
         except metadata.PackageNotFoundError:
             pkgs.append(f"{name} not installed")
     dirty = " + uncommitted changes" if git("status", "--porcelain", "-uno") != "unknown" else ""
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Measured {when} at commit `{git('rev-parse', '--short', 'HEAD')}`{dirty} on "
         f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "

@@ -176,7 +176,7 @@ async def run_level(
                 async with http.post(url, data=body, headers=headers) as resp:
                     raw = await resp.read()
                     status = resp.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 result.statuses[0] += 1
                 result.errors.append(f"{type(exc).__name__}: {exc}")
                 return  # the conversation cannot go on without its answer

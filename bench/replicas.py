@@ -238,7 +238,7 @@ class Agents:
                 ) as r:
                     data = await r.json()
                     status, retry_after = r.status, r.headers.get("retry-after")
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientConnectionError):
                 self.outcome.connection_errors += 1
                 attempt, replica = attempt + 1, self.pick(avoid=replica)
                 await asyncio.sleep(0.05)

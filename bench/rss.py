@@ -85,7 +85,7 @@ async def drive(
 def section(args: argparse.Namespace, rss: dict[int, float]) -> str:
     first, last = rss[args.first], rss[args.sessions]
     rows = "\n".join(f"| {n:,} | {mb:.1f} |" for n, mb in sorted(rss.items()))
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     return "\n".join([
         BEGIN, "",
         f"Measured {when} on {os.cpu_count()} cores ({platform.processor() or 'AMD EPYC'}), "

@@ -8,7 +8,6 @@ import collections
 
 from gateway_helpers import FAKE_REPLY, assert_error_shape, bearer, http_client
 from starlette.routing import Router
-
 from test_metrics import scrape
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]

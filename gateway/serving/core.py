@@ -535,8 +535,10 @@ class ServingCore:
 
     async def _bounded(self, awaitable: Awaitable[Any], deadline: float) -> Any:
         try:
-            return await asyncio.wait_for(awaitable, max(deadline - time.monotonic(), 0.001))
-        except asyncio.TimeoutError as exc:
+            # in this task: `wait_for` made a task of its own for every engine call
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                return await awaitable
+        except TimeoutError as exc:
             self.metrics.inc("turnstile_engine_errors_total")
             raise APIError(
                 503,
