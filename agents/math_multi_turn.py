@@ -10,6 +10,11 @@ up to ``max_turns`` turns. The reward favours early success: ``turn_penalty ** k
 the answer is right on turn ``k + 1`` (1.0, 0.5, 0.25, ... by default), 0.0 when it never
 is. The reward returned as a float goes to the last completion of the session.
 
+An answer cut off at ``max_tokens`` counts as wrong, whatever its last number: its
+number may be cut too ("The answer is 2" of 25), and a policy that repeats "The answer
+is 28." until the limit would otherwise be paid for it (``require_stop=False`` to
+score such answers all the same).
+
 Load it by file path, e.g. ``workflow="agents/math_multi_turn.py:MathMultiTurnAgent"``.
 """
 
@@ -37,6 +42,7 @@ class MathMultiTurnAgent:
         temperature: float = 1.0,
         turn_penalty: float = 0.5,
         model: str = "default",
+        require_stop: bool = True,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -45,6 +51,7 @@ class MathMultiTurnAgent:
         self.temperature = temperature
         self.turn_penalty = turn_penalty
         self.model = model
+        self.require_stop = require_stop
 
     async def run(self, data: dict, **extra_kwargs) -> float:
         http_client = extra_kwargs.get("http_client")
@@ -72,8 +79,10 @@ class MathMultiTurnAgent:
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
             )
-            content = response.choices[0].message.content or ""
-            if math_answer_correct(content, answer):
+            choice = response.choices[0]
+            content = choice.message.content or ""
+            cut = self.require_stop and choice.finish_reason == "length"
+            if not cut and math_answer_correct(content, answer):
                 return reward
             messages.append({"role": "assistant", "content": content})
             messages.append({"role": "user", "content": RETRY_MESSAGE})

@@ -187,8 +187,11 @@ class _FakeCompletions:
         self.calls.append(kwargs)
         from types import SimpleNamespace
 
-        content = self.replies.pop(0)
-        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=content))])
+        content, finish = self.replies.pop(0), "stop"
+        if isinstance(content, tuple):
+            content, finish = content
+        message = SimpleNamespace(content=content)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason=finish)])
 
 
 def _run_agent(monkeypatch, replies, **agent_kwargs):
@@ -233,3 +236,10 @@ def test_agent_reward_and_retry(monkeypatch):
     )
     assert reward == 0.0 and len(calls) == 3
     assert calls[0]["max_tokens"] == 16 and calls[0]["temperature"] == 0.5
+
+    # an answer cut off at max_tokens is wrong, right number or not, unless asked not to
+    cut = ("The answer is 5. The answer is 5. The answer is", "length")
+    reward, calls, _, _ = _run_agent(monkeypatch, [cut, "The answer is 5."])
+    assert reward == 0.5 and len(calls) == 2
+    reward, _, _, _ = _run_agent(monkeypatch, [cut], require_stop=False)
+    assert reward == 1.0

@@ -253,7 +253,7 @@ class ServingCore:
         asked = {k: turn.request.get(k) for k in forced}
         turn.request = {**turn.request, **forced, "client_sampling": asked}
 
-    def link(
+    async def link(
         self,
         session_id: str,
         messages: list[dict[str, Any]],
@@ -274,9 +274,9 @@ class ServingCore:
                 if resume is not None and resume.continued_by(messages, tools, answer):
                     return ConversationHash(messages, tools, resume), Link(parent, 0)
         hashes = ConversationHash(messages, tools)
-        return hashes, self.find_parent(session_id, hashes.candidates)
+        return hashes, await self.find_parent(session_id, hashes.candidates)
 
-    def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
+    async def find_parent(self, session_id: str, hashes: list[str]) -> Link | None:
         """The latest recorded answer whose (request + answer) hash is in `hashes`
         (longest prefix first).
 
@@ -289,13 +289,15 @@ class ServingCore:
             if hit is not None:
                 if rank == 0:
                     return Link(hit, 0)
-                return self._stored_parent(session_id, hashes[:rank]) or Link(hit, rank)
-        return self._stored_parent(session_id, hashes)
+                return await self._stored_parent(session_id, hashes[:rank]) or Link(hit, rank)
+        return await self._stored_parent(session_id, hashes)
 
-    def _stored_parent(self, session_id: str, hashes: list[str]) -> Link | None:
+    async def _stored_parent(self, session_id: str, hashes: list[str]) -> Link | None:
+        """The store's answer, asked off the event loop: a shared PostgreSQL is a network
+        round trip away, and every other request would wait for it."""
         if not hashes:
             return None
-        found = self.repo.find_parent(session_id, hashes)
+        found = await asyncio.to_thread(self.repo.find_parent, session_id, hashes)
         if found is None:
             return None
         cid, full, rank = found

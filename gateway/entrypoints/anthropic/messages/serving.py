@@ -105,7 +105,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         self, req: MessagesRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         messages, tools, tool_choice = await self.chat_of(req, session.id)
-        hashes, link = self.core.link(session.id, messages, tools)
+        hashes, link = await self.core.link(session.id, messages, tools)
         history = self.core.history_of(session)
         prompt = self.core.render(
             messages,

@@ -69,7 +69,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
         self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
     ) -> Prepared:
         tools = None if req.tool_choice == "none" else req.tools
-        hashes, link = self.core.link(session.id, req.messages, req.tools)
+        hashes, link = await self.core.link(session.id, req.messages, req.tools)
         history = self.core.history_of(session)
         prompt = self.core.render(
             req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",

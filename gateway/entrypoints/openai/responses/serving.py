@@ -98,7 +98,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        hashes, link = self.core.link(session.id, messages, tools)
+        hashes, link = await self.core.link(session.id, messages, tools)
         history = self.core.history_of(session)
         prompt = self.core.render(
             messages,
