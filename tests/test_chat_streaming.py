@@ -24,7 +24,7 @@ from gateway_helpers import (
     read_session,
 )
 
-from gateway.chat.detokenize import IncrementalDecoder
+from gateway.chat.detokenize import IncrementalDecoder, text_decoder
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 LONG_REPLY = "One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve."
@@ -267,7 +267,7 @@ MIXED = "Crème brûlée 東京 🙂 costs 4 euros. The end"
 
 def test_deltas_never_split_a_character(tokenizer):
     ids = tokenizer.encode(MIXED, add_special_tokens=False) + [tokenizer.eos_token_id]
-    decoder = IncrementalDecoder(tokenizer, [tokenizer.eos_token_id])
+    decoder = IncrementalDecoder(text_decoder(tokenizer), [tokenizer.eos_token_id])
     pieces = [decoder.feed([t]) for t in ids] + [decoder.finish()]
     assert "".join(pieces) == MIXED
     assert not any("\ufffd" in p for p in pieces)
@@ -277,7 +277,7 @@ def test_deltas_never_split_a_character(tokenizer):
 @pytest.mark.parametrize("stops", [["4 euros"], ["euros", "東"], ["🙂"]])
 def test_stop_string_split_across_tokens_is_held_back(tokenizer, stops):
     ids = tokenizer.encode(MIXED, add_special_tokens=False)
-    decoder = IncrementalDecoder(tokenizer, [tokenizer.eos_token_id], stops)
+    decoder = IncrementalDecoder(text_decoder(tokenizer), [tokenizer.eos_token_id], stops)
     pieces = []
     for t in ids:
         pieces.append(decoder.feed([t]))

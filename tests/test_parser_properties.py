@@ -15,7 +15,7 @@ from family_helpers import FAMILIES, family_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.chat.detokenize import IncrementalDecoder
+from gateway.chat.detokenize import IncrementalDecoder, text_decoder
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.tool_parsers import ContentEvent, ReasoningEvent, ToolCallEvent, make_tool_parser
@@ -118,7 +118,7 @@ def test_incremental_detokenizer_equals_a_full_decode(family, text, data):
     tok = family_tokenizer(family)
     ids = tok.encode(text + " 🤖 中文 <think>x</think>", add_special_tokens=False)
     cuts = data.draw(st.lists(st.integers(0, len(ids)), max_size=8))
-    decoder = IncrementalDecoder(tok, stop_token_ids=())
+    decoder = IncrementalDecoder(text_decoder(tok), stop_token_ids=())
     bounds = [0, *sorted(set(cuts)), len(ids)]
     released = "".join(decoder.feed(ids[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
     released += decoder.finish()

@@ -36,11 +36,13 @@ def partial_suffix_len(text: str, needles: Sequence[str]) -> int:
 class IncrementalDecoder:
     def __init__(
         self,
-        tokenizer: Any,
+        decode: Callable[[list[int]], str],
         stop_token_ids: Collection[int],
         stop_strings: Sequence[str] = (),
     ) -> None:
-        self._decode_ids = text_decoder(tokenizer)
+        """`decode`: ids -> text, special tokens kept (`text_decoder(tokenizer)`, or the
+        renderer's `decode`, made once)."""
+        self._decode_ids = decode
         self._special = frozenset(stop_token_ids)
         self.stops = [s for s in stop_strings if s]
         self._max_stop = max((len(s) for s in self.stops), default=0)

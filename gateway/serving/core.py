@@ -452,9 +452,7 @@ class ServingCore:
         params = turn.params
         if index and params.seed is not None:  # distinct, reproducible choices
             params = replace(params, seed=params.seed + index)
-        decoder = IncrementalDecoder(
-            self.renderer.tokenizer, self.renderer.stop_token_ids, turn.stops
-        )
+        decoder = IncrementalDecoder(self.renderer.decode, self.renderer.stop_token_ids, turn.stops)
         logprobs: list[float] = []
         versions: list[int] = []
         top: list[TopLogprobs] | None = [] if params.top_logprobs else None
