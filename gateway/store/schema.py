@@ -34,7 +34,8 @@ class CompletionRow(Base):
     __tablename__ = "completions"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    # looked up through the two indexes below, which start with it
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
     parent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     endpoint: Mapped[str] = mapped_column(String(32))
