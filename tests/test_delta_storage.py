@@ -21,7 +21,15 @@ from gateway.config import GatewayConfig
 from gateway.inference.fake import FakeEngine
 from gateway.server import BackgroundGateway
 from gateway.store.database import head_revision, migrate
-from gateway.store.delta import Full, Rebuilder, by_id, delta_columns, same, shared_prefix
+from gateway.store.delta import (
+    Full,
+    Rebuilder,
+    by_id,
+    delta_columns,
+    same,
+    same_items,
+    shared_prefix,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -30,6 +38,22 @@ def test_same_is_json_equality() -> None:
     assert same({"a": [1, "x"]}, {"a": [1, "x"]})
     assert not same(1, 1.0) and not same(1, True) and not same(0.0, -0.0)
     assert not same({"a": 1, "b": 2}, {"b": 2, "a": 1})  # key order is in the bytes
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ([{"a": None}], [{"a": None}, {"b": 1}], True),
+        ([{"a": None}], [{"a": float("nan")}], False),  # both `null` in orjson's bytes
+        ([{"a": float("nan")}], [{"a": float("nan")}], True),  # two NaN objects
+        ([{"a": float("inf")}], [{"a": float("-inf")}], False),
+        ([{"a": 1}], [{"a": 1.0}], False),
+        ([{"a": [True]}], [{"a": [1]}], False),
+        ([{"a": 1}, {"b": 2}], [{"a": 1}], False),  # the old list is the longer
+    ],
+)
+def test_same_items_is_json_equality_of_the_head(old: list, new: list, expected: bool) -> None:
+    assert same_items(old, new) is expected
 
 
 @pytest.mark.parametrize(

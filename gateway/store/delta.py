@@ -52,8 +52,10 @@ def same_items(old: list[Any], new: list[Any]) -> bool:
     """`old` equals `new[:len(old)]` item by item, as `same` says.
 
     A turn's messages repeat its parent's, so this runs over the whole history every
-    turn: their JSON bytes are compared first (in C), and `same` decides only where
-    the bytes cannot (`null` stands for both None and NaN in orjson's output)."""
+    turn, in C: equal JSON bytes leave only `null` open (orjson writes None, NaN and
+    the infinities so), and Python's `==` tells those apart. `same` walks the items
+    only where neither settles it (a NaN in both, a value orjson cannot write).
+    (A search of the bytes for `null` took longer than both compares together.)"""
     if len(old) > len(new):
         return False
     head = new[: len(old)]
@@ -64,7 +66,7 @@ def same_items(old: list[Any], new: list[Any]) -> bool:
     if a is not None:
         if a != b:
             return False
-        if b"null" not in a:
+        if old == head:
             return True
     return all(map(same, old, head))
 

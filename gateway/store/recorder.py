@@ -80,7 +80,8 @@ class Recorder:
         self.engine = engine
         self.on_commit = on_commit
         self.max_batch = max_batch
-        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        # the C queue: no Python-level lock and condition to take on every hand-off
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._insert = RowInsert(engine.dialect)
         self._conn: Connection | None = None  # the writer thread's own
