@@ -3,12 +3,16 @@
 Session keys are stored only as SHA-256 hashes. An in-memory cache keeps the hot path
 off the database. A session ended through another gateway replica must stop working
 within seconds: rather than re-reading every cached key every few seconds (a query per
-request per session), the cache asks the store once every `end_poll_s` which sessions
-ended lately, and forgets those: one query per poll, however many sessions are live.
+request per session), a background task asks the store every `end_poll_s` which
+sessions ended lately, and the cache forgets those: one query per poll, however many
+sessions are live. Both that query and a key the cache misses are asked off the event
+loop: against a shared PostgreSQL each is a network round trip, which every other
+request would wait out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -71,7 +75,6 @@ class KeyRing:
         self.max_age_s = max_age_s  # a backstop: re-read a key this old anyway
         self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
         self._digests: LRU[str, str] = LRU(cache_size)  # session id -> its key's digest
-        self._polled = time.monotonic()
         self._ended_since = time.time() - CLOCK_SKEW_S
 
     def is_admin_key(self, key: str | None) -> bool:
@@ -79,28 +82,32 @@ class KeyRing:
             return True  # loopback-only mode: no admin key configured
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
 
-    def session_for_key(self, key: str) -> SessionInfo | None:
+    async def session_for_key(self, key: str) -> SessionInfo | None:
         digest = hash_key(key)
         now = time.monotonic()
-        if now - self._polled >= self.end_poll_s:
-            self._forget_ended(now)
         hit = self._cache.get(digest)
         if hit is not None and now - hit[0] < self.max_age_s:
             return hit[1]
-        info = self.repo.session_by_key_hash(digest)
+        info = await asyncio.to_thread(self.repo.session_by_key_hash, digest)
         if info is not None:
             self._put(digest, info, now)
         return info
 
-    def _forget_ended(self, now: float) -> None:
+    async def poll_ended(self) -> None:
+        """Every `end_poll_s`, forget the sessions that ended lately (until cancelled)."""
+        while True:
+            await asyncio.sleep(self.end_poll_s)
+            await self.forget_ended()
+
+    async def forget_ended(self) -> None:
         """Forget the sessions the store says ended since the last poll (on any replica;
         their end time is that replica's clock, hence the overlap of `CLOCK_SKEW_S`)."""
-        self._polled = now
         wall = time.time()
         try:
-            ended = self.repo.sessions_ended_since(self._ended_since)
+            ended = await asyncio.to_thread(self.repo.sessions_ended_since, self._ended_since)
         except SQLAlchemyError:
-            log.warning("could not poll the store for ended sessions; retrying next request")
+            log.warning("could not poll the store for ended sessions; retrying in %ss",
+                        self.end_poll_s)  # fmt: skip
             return
         for session_id in ended:
             self.forget(session_id)
@@ -118,10 +125,12 @@ class KeyRing:
         self._cache.put(digest, (now, info))
         self._digests.put(info.id, digest)
 
-    def resolve(self, request: Request, *, allow_admin: bool, allow_ended: bool = False) -> Caller:
+    async def resolve(
+        self, request: Request, *, allow_admin: bool, allow_ended: bool = False
+    ) -> Caller:
         key = bearer_token(request)
         if key and key.startswith(KEY_PREFIX):
-            info = self.session_for_key(key)
+            info = await self.session_for_key(key)
             if info is None:
                 raise APIError(
                     401, "Incorrect API key provided.", code="invalid_api_key", retryable=False

@@ -51,18 +51,20 @@ async def session_caller(request: Request) -> Caller:
 
     `async` on purpose: a plain `def` dependency costs a thread-pool hop per request
     (docs/benchmarks.md); the key cache answers almost every call without I/O, and a
-    miss is one indexed SQLite read.
+    miss is read off the event loop (auth.py).
     """
-    return request.app.state.gateway.keys.resolve(request, allow_admin=False)
+    return await request.app.state.gateway.keys.resolve(request, allow_admin=False)
 
 
-def any_caller(request: Request) -> Caller:
+async def any_caller(request: Request) -> Caller:
     """The admin, or a session key (ended sessions may still read and reward)."""
-    return request.app.state.gateway.keys.resolve(request, allow_admin=True, allow_ended=True)
+    return await request.app.state.gateway.keys.resolve(request, allow_admin=True, allow_ended=True)
 
 
-def admin_caller(request: Request) -> Caller:
-    caller = request.app.state.gateway.keys.resolve(request, allow_admin=True, allow_ended=True)
+async def admin_caller(request: Request) -> Caller:
+    caller = await request.app.state.gateway.keys.resolve(
+        request, allow_admin=True, allow_ended=True
+    )
     if not caller.is_admin:
         raise APIError(
             403, "This endpoint needs the admin key.", code="admin_key_required", retryable=False

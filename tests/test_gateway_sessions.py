@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import openai
@@ -311,3 +312,31 @@ def test_a_session_ended_on_another_replica_stops_within_seconds(
         assert time.monotonic() - ended < 3.0, "B still serves an ended session after 3 s"
         time.sleep(0.2)
     assert status == 410
+
+
+def test_key_lookups_and_the_ended_poll_leave_the_event_loop_free(
+    gateway_factory, new_session, http
+):
+    """A key the cache misses and the poll for ended sessions are store queries: against
+    a shared PostgreSQL, network round trips. Neither may run on the gateway's event
+    loop, where every other request would wait for it."""
+    a = gateway_factory()
+    b = gateway_factory({"database": a.config.database})
+    asked: list[tuple[str, threading.Thread]] = []
+    repo = b.state.repo
+    for name in ("session_by_key_hash", "sessions_ended_since"):
+        real = getattr(repo, name)
+
+        def spy(*args, _name=name, _real=real):
+            asked.append((_name, threading.current_thread()))
+            return _real(*args)
+
+        setattr(repo, name, spy)
+    _, key = new_session(a)  # created on A: B has never seen the key
+    assert chat(http, b, key).status_code == 200
+    deadline = time.monotonic() + 5.0
+    while "sessions_ended_since" not in {n for n, _ in asked}:
+        assert time.monotonic() < deadline, "B never polled the store for ended sessions"
+        time.sleep(0.1)
+    assert "session_by_key_hash" in {n for n, _ in asked}
+    assert all(thread is not b._thread for _, thread in asked), asked

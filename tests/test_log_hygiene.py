@@ -8,6 +8,7 @@ their SHA-256, never compared as text).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -122,7 +123,7 @@ def test_keys_are_compared_in_constant_time(tmp_path, monkeypatch) -> None:
     repo.create_session("sess-1", hash_key(key), 60, {})
     looked_up: list[str] = []
     monkeypatch.setattr(repo, "session_by_key_hash", lambda h: looked_up.append(h) or None)
-    ring.session_for_key("tsk-other")
+    asyncio.run(ring.session_for_key("tsk-other"))
     assert looked_up == [hash_key("tsk-other")]  # the digest, never the key text
 
 

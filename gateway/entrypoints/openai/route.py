@@ -69,7 +69,7 @@ def openai_route(
     @direct
     async def route(request: Request) -> Response:
         state = request.app.state.gateway
-        caller = state.keys.resolve(request, allow_admin=False)
+        caller = await state.keys.resolve(request, allow_admin=False)
         raw = await request.body()
         body = parse_body(request_model, raw)
         retry = RetryIdentity(request_hash(raw), retry_count(request))

@@ -44,7 +44,7 @@ router = openai_route(
 async def count_tokens(request: Request) -> dict[str, Any]:
     """The prompt's token count, from the same rendering `/v1/messages` generates from."""
     state = request.app.state.gateway
-    caller = state.keys.resolve(request, allow_admin=False)
+    caller = await state.keys.resolve(request, allow_admin=False)
     body = parse_body(CountTokensRequest, await request.body())
     serving: MessagesServing = state.serving(MessagesServing)
     messages, tools, tool_choice = await serving.chat_of(body, caller.session.id)
