@@ -97,7 +97,10 @@ class KeyRing:
         """Every `end_poll_s`, forget the sessions that ended lately (until cancelled)."""
         while True:
             await asyncio.sleep(self.end_poll_s)
-            await self.forget_ended()
+            try:
+                await self.forget_ended()
+            except Exception:  # the poll must outlive any one failure
+                log.exception("polling the store for ended sessions failed")
 
     async def forget_ended(self) -> None:
         """Forget the sessions the store says ended since the last poll (on any replica;
@@ -106,8 +109,7 @@ class KeyRing:
         try:
             ended = await asyncio.to_thread(self.repo.sessions_ended_since, self._ended_since)
         except SQLAlchemyError:
-            log.warning("could not poll the store for ended sessions; retrying in %ss",
-                        self.end_poll_s)  # fmt: skip
+            log.warning("could not reach the store for ended sessions; polling again soon")
             return
         for session_id in ended:
             self.forget(session_id)
