@@ -98,11 +98,11 @@ class KeyRing:
         while True:
             await asyncio.sleep(self.end_poll_s)
             try:
-                await self.forget_ended()
+                await self._forget_ended()
             except Exception:  # the poll must outlive any one failure
                 log.exception("polling the store for ended sessions failed")
 
-    async def forget_ended(self) -> None:
+    async def _forget_ended(self) -> None:
         """Forget the sessions the store says ended since the last poll (on any replica;
         their end time is that replica's clock, hence the overlap of `CLOCK_SKEW_S`)."""
         wall = time.time()
