@@ -4,8 +4,10 @@ equal to the tables the code declares, and replicas migrating one database at on
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,5 +88,33 @@ def test_replicas_opening_one_empty_database_at_once_all_start(new_database) -> 
     engine = sa.create_engine(url)
     try:
         assert _revision(engine) == HEAD and _schema_drift(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_new_sqlite_file_locked_by_another_process_is_waited_for(tmp_path) -> None:
+    """SQLite runs no busy handler for the switch to WAL. A replica opening a new file while
+    another holds its lock (switching or migrating it) waits rather than failing."""
+    path = tmp_path / "store.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE placeholder (x)")  # a file in rollback-journal mode
+    holder.execute("BEGIN IMMEDIATE")  # the write lock a switch or migration holds
+    code = (
+        "import sys; from gateway.store.database import open_database; open_database(sys.argv[1])"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], env=env, stderr=subprocess.PIPE
+    )
+    time.sleep(3)  # the replica is up and contending for the lock by now
+    holder.execute("COMMIT")
+    holder.close()
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 0, err
+    engine = open_database(path)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert _revision(engine) == HEAD
     finally:
         engine.dispose()

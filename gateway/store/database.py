@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from alembic import command
@@ -16,6 +18,8 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 MIGRATION_LOCK = 7_248_163_001
 # Alembic's command API keeps its context in module globals: one migration per process
 _ALEMBIC = threading.Lock()
+# how long a connection waits for SQLite's locks: the busy timeout, and the WAL switch
+SQLITE_LOCK_WAIT_S = 30.0
 
 
 def database_url(path_or_url: str | Path) -> str:
@@ -32,15 +36,15 @@ def open_database(path_or_url: str | Path) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": SQLITE_LOCK_WAIT_S},
             json_serializer=json_codec.dumps_text,
             hide_parameters=True,  # see below
         )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            _switch_to_wal(dbapi_conn)
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL is durable against process crashes (the file survives a
             # killed gateway); FULL would also survive power loss at a commit's cost.
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -59,6 +63,25 @@ def open_database(path_or_url: str | Path) -> Engine:
         )
     migrate(engine)
     return engine
+
+
+def _switch_to_wal(dbapi_conn: sqlite3.Connection, wait_s: float = SQLITE_LOCK_WAIT_S) -> None:
+    """Put the file in WAL mode, waiting for the lock the switch needs.
+
+    SQLite runs no busy handler for `PRAGMA journal_mode=WAL`: a process that opens a new
+    file while another is switching or migrating it gets "database is locked" at once. WAL
+    stays set in the file, so once it is there this is one read and takes no lock.
+    """
+    deadline = time.monotonic() + wait_s
+    delay = 0.005
+    while dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def head_revision() -> str:
