@@ -118,3 +118,12 @@ def test_a_new_sqlite_file_locked_by_another_process_is_waited_for(tmp_path) -> 
         assert _revision(engine) == HEAD
     finally:
         engine.dispose()
+
+
+def test_a_store_in_memory_opens() -> None:
+    """`sqlite://` has no WAL to switch to; it opens (and migrates) as it did before."""
+    engine = open_database("sqlite://")
+    try:
+        assert _revision(engine) == HEAD
+    finally:
+        engine.dispose()

@@ -76,7 +76,9 @@ def _switch_to_wal(dbapi_conn: sqlite3.Connection, wait_s: float = SQLITE_LOCK_W
     delay = 0.005
     while dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
         try:
+            # WAL now, or a mode the database cannot leave (one in memory keeps "memory")
             dbapi_conn.execute("PRAGMA journal_mode=WAL")
+            return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() + delay > deadline:
                 raise
