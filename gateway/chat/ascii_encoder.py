@@ -1,0 +1,250 @@
+"""ASCII text to token ids a pre-token at a time, from a cache of the tokenizer's own ids.
+
+Encoding a turn's new text is the gateway's largest single cost per request: the Rust
+tokenizer's tables are megabytes, and the rest of a request (HTTP, JSON, the template,
+SQLite) evicts them from the CPU caches before the next turn, so an encode costs 2-3x
+what it costs in a loop. Agents' text (code, tool output, English) is mostly ASCII and
+repeats its words. For ASCII text this module does what the tokenizer does, in the
+same order: split off added tokens (`<|im_end|>`, ...), split the rest with the
+tokenizer's own pre-tokenizer pattern, and map each piece to ids with the tokenizer's
+own BPE model (`model.tokenize`), kept per piece. BPE works on one piece at a time, so
+the ids are the same as one encode of the whole text.
+
+Taken only for tokenizers whose pipeline it can state exactly on ASCII: no normaliser
+(or NFC, which leaves ASCII alone), a byte-level pre-tokenizer with one split pattern
+whose Unicode classes have ASCII equivalents, added tokens matched as written (no
+stripping, no normalising). Every other tokenizer, and any text that is not ASCII or
+that the pattern does not cover end to end, goes to the Rust tokenizer. At start-up a
+probe of every ASCII character, contractions, digit runs and whitespace runs must come
+out identical both ways, or the path is not used. tests/test_ascii_encoder.py checks
+random text against the Rust tokenizer for every tokenizer we ship or test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# GPT-2's pattern, which a ByteLevel pre-tokenizer with `use_regex` applies
+_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Unicode classes as their ASCII members (the empty ones have none)
+_ASCII_CLASSES = {
+    "L": "A-Za-z",
+    "Lu": "A-Z",
+    "Ll": "a-z",
+    "Lt": "",
+    "Lm": "",
+    "Lo": "",
+    "M": "",
+    "N": "0-9",
+}
+_PROBE = (
+    "".join(map(chr, range(128)))
+    + " It's they're we've I'm you'll he'd IT'S DON'T 's 't x's 12345 007 3.14 1,000,000"
+    + " a  b   c\t\td\n\ne \r\n f \x0b\x0c g  \n  h\t \n i  1  2 foo(bar)==baz; x+=1 // y"
+    + " HTTPServer getHTTPResponse snake_case CamelCase ALLCAPS a/b/c ./path/to ...!!! ??"
+    + ' \'quoted\' "double" `tick` <tag> </tag> {"k": [1, 2]}   trailing   '
+    # every character beside letters, digits, spaces and itself, where the classes meet
+    + "".join(f"a{c} {c}b {c}{c}  {c}1 '{c}\n{c}" for c in map(chr, range(128)))
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The byte-level alphabet: each byte as the printable character BPE merges see."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = dict(zip(keep, map(chr, keep), strict=True))
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = {b: c for b, c in _bytes_to_unicode().items() if b < 128}
+
+
+def ascii_pattern(pattern: str) -> re.Pattern[str] | None:
+    """`pattern` (the tokenizer's, Oniguruma syntax) for ASCII input in Python's `re`:
+    `\\p{X}` as its ASCII members; None if it uses a class without a known equivalent."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and pattern.startswith(("\\p{", "\\P{"), i):
+            end = pattern.find("}", i)
+            name = pattern[i + 3 : end]
+            if end < 0 or name not in _ASCII_CLASSES or pattern[i + 1] == "P":
+                return None
+            members = _ASCII_CLASSES[name]
+            if in_class:
+                out.append(members)
+            elif not members:
+                return None  # a class that matches nothing in ASCII: not worth stating
+            else:
+                out.append(f"[{members}]")
+            i = end + 1
+            continue
+        if ch == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            if pattern.startswith("[^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i + 1):  # a literal `]` first in a class
+                out.append("\\]")
+                i += 1
+        elif ch == "]" and in_class:
+            in_class = False
+            out.append(ch)
+        else:
+            out.append(ch)
+        i += 1
+    try:
+        # re.ASCII: `\s` is [ \t\n\r\f\v], as Oniguruma's is on ASCII (not \x1c-\x1f)
+        return re.compile("".join(out), re.ASCII)
+    except re.error:
+        return None
+
+
+def split_pattern(backend: Any) -> str | None:
+    """The one regex a tokenizer (`tokenizers.Tokenizer`) splits text with before
+    byte-level BPE, or None when its pipeline is not one this module states exactly."""
+    normalizer = _state(backend.normalizer)
+    if normalizer is not None and normalizer.get("type") != "NFC":
+        if not (normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")):
+            return None
+    model = backend.model
+    if type(model).__name__ != "BPE" or model.dropout or model.byte_fallback:
+        return None
+    pre = _state(backend.pre_tokenizer) or {}
+    if pre.get("type") == "ByteLevel":
+        steps = [pre]
+    elif pre.get("type") == "Sequence":
+        steps = pre.get("pretokenizers") or []
+    else:
+        return None
+    if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
+        return None
+    byte_level, splits = steps[-1], steps[:-1]
+    if byte_level.get("use_regex"):
+        return _GPT2_PATTERN if not splits else None
+    if len(splits) != 1:
+        return None
+    split = splits[0]
+    regex = (split.get("pattern") or {}).get("Regex")
+    if split.get("type") != "Split" or split.get("behavior") != "Isolated" or split.get("invert"):
+        return None
+    return regex if isinstance(regex, str) else None
+
+
+def _state(component: Any) -> dict[str, Any] | None:
+    """A normaliser's or pre-tokenizer's settings, as tokenizer.json writes them."""
+    return None if component is None else json.loads(component.__getstate__())
+
+
+class _Words(dict[str, list[int]]):
+    """Two generations of piece -> ids: a piece found in the older one moves to the
+    newer; when the newer fills, it becomes the older and the oldest is dropped. Near-LRU
+    at a plain dict lookup per hit (an LRU's bookkeeping per piece would cost as much as
+    the cache saves)."""
+
+    def __init__(self, bound: int, compute: Callable[[str], list[int]]) -> None:
+        super().__init__()
+        self.bound = max(1, bound // 2)
+        self.older: dict[str, list[int]] = {}
+        self.compute = compute
+
+    def __missing__(self, piece: str) -> list[int]:
+        ids = self.older.get(piece)
+        if ids is None:
+            ids = self.compute(piece)
+        if len(self) >= self.bound:
+            self.older = dict(self)
+            self.clear()
+        self[piece] = ids
+        return ids
+
+
+class AsciiEncoder:
+    """`encode(text)`: the tokenizer's ids for ASCII `text`, or None (not ASCII, or not
+    covered end to end by the pattern): the caller encodes it with the tokenizer."""
+
+    def __init__(
+        self,
+        pattern: re.Pattern[str],
+        added: dict[str, int],
+        tokenize: Callable[[str], list[int]],
+        cache_size: int,
+    ) -> None:
+        self._pattern = pattern
+        self._added = added
+        # leftmost, and longest first where two start at the same place (as the
+        # tokenizer's Aho-Corasick match does)
+        names = sorted(added, key=len, reverse=True)
+        self._splitter = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+        table = str.maketrans(_BYTE_LEVEL)
+        self._words = _Words(cache_size, lambda piece: tokenize(piece.translate(table)))
+
+    def encode(self, text: str) -> list[int] | None:
+        if not text.isascii():
+            return None
+        parts = self._splitter.split(text) if self._splitter is not None else [text]
+        ids: list[int] = []
+        lookup = self._words.__getitem__
+        findall = self._pattern.findall
+        for i, part in enumerate(parts):
+            if i & 1:
+                ids.append(self._added[part])
+            elif part:
+                pieces = findall(part)
+                if sum(map(len, pieces)) != len(part):
+                    return None  # a gap the pattern does not match: the tokenizer's way
+                for piece_ids in map(lookup, pieces):
+                    ids += piece_ids
+        return ids
+
+    @property
+    def cached(self) -> int:
+        return len(self._words) + len(self._words.older)
+
+
+def ascii_encoder(
+    backend: Any,
+    reference: Callable[[str], list[int]],
+    intern: Callable[[list[int]], list[int]],
+    cache_size: int,
+) -> AsciiEncoder | None:
+    """An AsciiEncoder for `backend` (a `tokenizers.Tokenizer`) when its pipeline is one
+    this module states exactly and the probe agrees with `reference`; else None."""
+    if cache_size <= 0 or getattr(backend, "encode_special_tokens", False):
+        return None
+    regex = split_pattern(backend)
+    pattern = ascii_pattern(regex) if regex is not None else None
+    added_tokens = backend.get_added_tokens_decoder()
+    if pattern is None or any(
+        t.lstrip or t.rstrip or t.single_word or t.normalized for t in added_tokens.values()
+    ):
+        return None
+    model = backend.model
+    added = {t.content: intern([i])[0] for i, t in added_tokens.items()}
+    encoder = AsciiEncoder(
+        pattern, added, lambda piece: intern([t.id for t in model.tokenize(piece)]), cache_size
+    )
+    probe = _PROBE + "".join(added) + " ".join(added) + "".join(added)[::-1]
+    for text in (probe, *probe.split(" ")):
+        if encoder.encode(text) != reference(text):
+            log.warning("the ASCII encoder disagrees with the tokenizer on %r; not used", text)
+            return None
+    encoder._words.clear()
+    encoder._words.older = {}
+    return encoder
