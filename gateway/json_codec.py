@@ -1,4 +1,4 @@
-"""The gateway's one JSON encoder: orjson, to bytes.
+"""The gateway's one JSON codec: orjson, to and from bytes.
 
 Every reply, stream frame, engine request and stored record is encoded here. orjson is
 several times faster than the standard library on the shapes the gateway writes
@@ -22,6 +22,16 @@ def dumps(data: Any) -> bytes:
         return orjson.dumps(data)
     except orjson.JSONEncodeError:
         return _dumps_slow(data).encode()
+
+
+def loads(raw: bytes | str) -> Any:
+    """An engine's answer. orjson refuses what Python's own reader takes (`NaN`,
+    `-Infinity` logprobs from a server that writes them, integers past 64 bits): those
+    go to the standard library, which raises ValueError on what is not JSON at all."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def dumps_text(data: Any) -> str:

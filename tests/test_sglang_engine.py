@@ -537,3 +537,18 @@ async def test_engines_without_disk_updates_say_so():
 
     with pytest.raises(NotImplementedError, match="'fake' engine cannot load weights"):
         await FakeEngine([5], stop_id=2).update_weights_from_disk("/ckpt")
+
+
+def test_engine_answers_with_non_finite_logprobs_and_big_ints_are_read():
+    """A server that writes Python's `-Infinity` (a token the sampler could not pick) or
+    an integer past 64 bits is read as the standard library reads it; bytes that are not
+    JSON are an EngineError, not a crash."""
+    from gateway.inference.base import EngineError
+    from gateway.inference.sglang_protocol import parse_output
+
+    raw = b'{"text": "", "meta_info": {"output_token_logprobs": [[-Infinity, 5, null]], "x": 18446744073709551616}}'
+    out = parse_output(raw, "http://engine")
+    assert out["meta_info"]["output_token_logprobs"][0][0] == float("-inf")
+    assert out["meta_info"]["x"] == 2**64
+    with pytest.raises(EngineError, match="not JSON"):
+        parse_output(b"<html>502</html>", "http://engine")

@@ -7,7 +7,6 @@ Sources are listed in the client's docstring.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -64,7 +63,7 @@ def dumps(obj: Any) -> bytes:
 
 def parse_output(raw: bytes | str, url: str, prompt_len: int = 0) -> dict[str, Any]:
     try:
-        out = json.loads(raw)
+        out = json_codec.loads(raw)
     except ValueError as exc:
         raise EngineError(f"the SGLang server at {url} sent something that is not JSON") from exc
     if isinstance(out, dict) and "error" in out and "meta_info" not in out:
@@ -110,7 +109,7 @@ def new_tokens(
 
 def error_message(raw: bytes | str) -> str:
     try:
-        data = json.loads(raw)
+        data = json_codec.loads(raw)
     except ValueError:
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         return text.strip()[:500] or "(empty body)"

@@ -18,7 +18,6 @@ for the context-length refusals.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -71,7 +70,7 @@ def generate_body(
 def parse_choice(raw: bytes | str, url: str, prompt_len: int) -> dict[str, Any]:
     """The one choice of a generate answer (or stream event)."""
     try:
-        out = json.loads(raw)
+        out = json_codec.loads(raw)
     except ValueError as exc:
         raise EngineError(f"the vLLM server at {url} sent something that is not JSON") from exc
     if isinstance(out, dict) and "error" in out and "choices" not in out:
@@ -124,7 +123,7 @@ def finish(choice: dict[str, Any]) -> dict[str, Any] | None:
 
 def error_message(raw: bytes | str) -> str:
     try:
-        data = json.loads(raw)
+        data = json_codec.loads(raw)
     except ValueError:
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         return text.strip()[:500] or "(empty body)"
