@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from gateway_helpers import admin_headers, bearer, openai_client, store_connection
 
+from gateway import json_codec
 from gateway.config import GatewayConfig
 from gateway.inference.fake import FakeEngine
 from gateway.server import BackgroundGateway
@@ -54,6 +55,27 @@ def test_same_is_json_equality() -> None:
 )
 def test_same_items_is_json_equality_of_the_head(old: list, new: list, expected: bool) -> None:
     assert same_items(old, new) is expected
+    # the same answer from the lists' JSON kept by the turns (a prefix test of the bytes)
+    assert same_items(old, new, json_codec.dumps(old), json_codec.dumps(new)) is expected
+
+
+def test_each_turn_keeps_its_lists_json_for_its_child() -> None:
+    """Turn 1 writes its messages' JSON; turn 2's delta compares against it and keeps
+    its own; a child that changed an earlier message is stored with it, not extended."""
+    first = {"messages": [{"role": "user", "content": "a"}], "tools": [{"t": 1}]}
+    kept1: dict[str, bytes] = {}
+    delta_columns(None, first, [1], lists_json=kept1)
+    assert kept1 == {k: json_codec.dumps(v) for k, v in first.items()}
+    second = {**first, "messages": [*first["messages"], {"role": "user", "content": "b"}]}
+    kept2: dict[str, bytes] = {}
+    cols = delta_columns(Full(first, [1], [2], kept1), second, [1, 2, 3], lists_json=kept2)
+    assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "b"}]}
+    assert kept2["messages"] == json_codec.dumps(second["messages"])
+    edited = {**second, "messages": [{"role": "user", "content": "A"}, *second["messages"][1:]]}
+    cols = delta_columns(
+        Full(second, [1, 2, 3], [4], kept2), edited, [1, 2, 3, 4, 5], lists_json={}
+    )
+    assert cols["request"]["set"] == {"messages": edited["messages"]}
 
 
 @pytest.mark.parametrize(

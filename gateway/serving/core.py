@@ -593,7 +593,13 @@ class ServingCore:
         resume = turn.conversation.resume_point(answer_hash) if turn.conversation else None
         output_ids = self.renderer.interned(out.output_ids)  # (see ChatRenderer.interned)
         parent = Parent(
-            out.completion_id, turn.prompt_ids, output_ids, turn.request, prefix, resume
+            out.completion_id,
+            turn.prompt_ids,
+            output_ids,
+            turn.request,
+            prefix,
+            resume,
+            turn.lists_json or None,
         )
         self._recent.put((turn.session_id, answer_hash), parent)
         if resume is not None:
