@@ -66,7 +66,15 @@ ANSWER = (
 PASS, GATEWAY = "pass-through", "gateway"
 # Which library a py-spy sample is charged to: the innermost frame whose file matches.
 # where an idle thread's stack ends (py-spy samples every thread, busy or not)
-IDLE = ("select (selectors", "Condition.wait", "Queue.get", "Event.wait", "poll (selectors")
+IDLE = (
+    "select (selectors",
+    "Condition.wait",
+    "Queue.get",
+    "Event.wait",
+    "poll (selectors",
+    "_wait (gateway/store/recorder.py",  # the writer thread, waiting for a record
+    "_worker (concurrent/futures/thread.py",  # a pool thread, waiting for work
+)
 OWNERS = {
     "routing, middleware (starlette, fastapi)": ("starlette/", "fastapi/"),
     "HTTP server (uvicorn, h11, httptools)": ("uvicorn/", "h11/", "httptools/"),
