@@ -595,6 +595,20 @@ def test_token_exact_with_harmony():
     assert second.ids[: len(first.ids) + len(out1)] == first.ids + out1
 
 
+def test_str_format_stays_sandboxed_however_often_it_is_read(tokenizer) -> None:
+    """The renderer reads attributes the sandbox judged safe directly, except
+    `format`/`format_map`, whose sandboxed wrapper keeps `{0.__class__}` out."""
+    from gateway.chat.template import ChatRenderer
+
+    renderer = ChatRenderer(
+        tokenizer,
+        chat_template="{% for m in messages %}{{ '{0.__class__}'.format(m.content) }}"
+        "{{ '{0}!'.format(m.role) }}{% endfor %}",
+    )
+    for _ in range(3):
+        assert renderer.render_text([{"role": "user", "content": "hi"}]) == "user!"
+
+
 @pytest.mark.parametrize(
     "template",
     [
@@ -615,8 +629,9 @@ def test_the_template_sandbox_refuses_what_changes_the_messages(tokenizer, templ
             renderer.render_text([{"role": "user", "content": "hi"}])
     safe = ChatRenderer(
         tokenizer,
-        chat_template="{% for m in messages %}{{ m.content.upper() }}{{ loop.first }}{% endfor %}",
+        chat_template="{% for m in messages %}{{ m.content.upper() }}{{ loop.first }}"
+        "{{ m.role }}{% endfor %}",
     )
     assert [safe.render_text([{"role": "user", "content": "hi"}]) for _ in range(2)] == [
-        "HITrue"
+        "HITrueuser"
     ] * 2

@@ -158,7 +158,9 @@ def _remember_safe_attributes(environment: Any) -> None:
     (type, name): jinja2 works it out with a string of isinstance checks on every access,
     about half of rendering a long history. The verdict depends on nothing else
     (jinja2.sandbox: `is_internal_attribute` and `modifies_known_mutable` test the type
-    and the name), so the sandbox's rules are unchanged."""
+    and the name), so the sandbox's rules are unchanged. A pair judged safe is then read
+    directly, past the sandbox's str.format check (never for `format`/`format_map`):
+    another third of a 128-message render."""
     if getattr(environment, "_turnstile_memo", False):
         return  # transformers caches compiled templates: one environment, once
     check = environment.is_safe_attribute
@@ -171,7 +173,25 @@ def _remember_safe_attributes(environment: Any) -> None:
             verdict = verdicts[key] = bool(check(obj, attr, value))
         return verdict
 
+    full_getattr = environment.getattr
+    direct: set[tuple[type, str]] = set()  # pairs judged safe that are not str.format
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        """The sandbox's `getattr` for a pair it has judged safe: the attribute itself
+        (its format-method wrapping and safety test give the same answer again)."""
+        key = (type(obj), attribute)
+        if key in direct:
+            try:
+                return getattr(obj, attribute)
+            except AttributeError:
+                pass  # this object lacks it: the sandbox's way (an item, or undefined)
+        value = full_getattr(obj, attribute)
+        if verdicts.get(key) is True and attribute not in ("format", "format_map"):
+            direct.add(key)
+        return value
+
     environment.is_safe_attribute = is_safe_attribute
+    environment.getattr = getattr_
     environment._turnstile_memo = True
 
 
