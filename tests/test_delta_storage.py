@@ -63,14 +63,14 @@ def test_each_turn_keeps_its_lists_json_for_its_child() -> None:
     """Turn 1 writes its messages' JSON; turn 2's delta compares against it and keeps
     its own; a child that changed an earlier message is stored with it, not extended."""
     first = {"messages": [{"role": "user", "content": "a"}], "tools": [{"t": 1}]}
-    kept1: dict[str, bytes] = {}
+    kept1: dict[str, tuple[int, bytes]] = {}
     delta_columns(None, first, [1], lists_json=kept1)
-    assert kept1 == {k: json_codec.dumps(v) for k, v in first.items()}
+    assert kept1 == {k: (len(v), json_codec.dumps(v)) for k, v in first.items()}
     second = {**first, "messages": [*first["messages"], {"role": "user", "content": "b"}]}
-    kept2: dict[str, bytes] = {}
+    kept2: dict[str, tuple[int, bytes]] = {}
     cols = delta_columns(Full(first, [1], [2], kept1), second, [1, 2, 3], lists_json=kept2)
     assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "b"}]}
-    assert kept2["messages"] == json_codec.dumps(second["messages"])
+    assert kept2["messages"] == (2, json_codec.dumps(second["messages"]))
     edited = {**second, "messages": [{"role": "user", "content": "A"}, *second["messages"][1:]]}
     cols = delta_columns(
         Full(second, [1, 2, 3], [4], kept2), edited, [1, 2, 3, 4, 5], lists_json={}

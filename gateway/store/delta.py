@@ -28,7 +28,8 @@ Request = dict[str, Any]
 
 # The JSON of a request's list values (its messages, tools), by key, as `json_codec`
 # writes them: a turn keeps its own for its child's delta, which then writes only its.
-ListsJson = dict[str, bytes]
+# Each with the list's length when written: JSON of another length is not that list's.
+ListsJson = dict[str, tuple[int, bytes]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,7 +127,8 @@ def request_delta(
         old = base.get(key, _MISSING)
         if isinstance(value, list) and isinstance(old, list) and len(old) <= len(value):
             new_json = _kept_json(lists_json, key, value)
-            old_json = base_json.get(key) if base_json else None
+            kept = base_json.get(key) if base_json else None
+            old_json = kept[1] if kept is not None and kept[0] == len(old) else None
             if old_json is None and new_json is not None:
                 old_json = _json_or_none(old)
             if same_items(old, value, old_json, new_json):
@@ -144,11 +146,12 @@ def _kept_json(lists_json: ListsJson | None, key: str, value: list[Any]) -> byte
     if lists_json is None:
         return None
     known = lists_json.get(key)
-    if known is None:
-        known = _json_or_none(value)
-        if known is not None:
-            lists_json[key] = known
-    return known
+    if known is not None and known[0] == len(value):
+        return known[1]
+    data = _json_or_none(value)
+    if data is not None:
+        lists_json[key] = (len(value), data)
+    return data
 
 
 def _json_or_none(value: Any) -> bytes | None:
