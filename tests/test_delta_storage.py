@@ -276,3 +276,25 @@ def test_one_row_rebuilt_in_place_equals_the_session_walk() -> None:
     for row, want in zip(rows, fulls, strict=True):
         alone = Rebuilder(by_id(rows)).one(row)
         assert alone == walk.full(row) == want
+
+
+def test_the_recorded_request_is_the_dump_with_the_history_not_copied() -> None:
+    """Chat turns record their messages list itself, not a copy: the same keys, order
+    and JSON as `model_dump(exclude_none=True)`, extras and defaults included."""
+    from gateway.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from gateway.serving.turn import recorded_request
+
+    body = {
+        "messages": [{"role": "user", "content": "hi", "name": None}],
+        "x_extra": {"a": [1, 2.0, None]},
+        "temperature": None,
+        "model": "m",
+        "logprobs": True,
+        "stop": ["</s>"],
+    }
+    req = ChatCompletionRequest.model_validate_json(json.dumps(body))
+    dumped = req.model_dump(exclude_none=True)
+    recorded = recorded_request(req, "messages")
+    assert list(recorded) == list(dumped)
+    assert json_codec.dumps(recorded) == json_codec.dumps(dumped)
+    assert recorded["messages"] is req.messages

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pydantic import BaseModel
+
 from gateway.chat.linking import ConversationHash, Resume
 from gateway.chat.template import TextPrefix
 from gateway.inference.base import SamplingParams, TopLogprobs
@@ -37,6 +39,25 @@ class Link(NamedTuple):
 
     parent: Parent
     rank: int
+
+
+def recorded_request(req: BaseModel, shared: str) -> dict[str, Any]:
+    """`req.model_dump(exclude_none=True)`, the same keys in the same order, with the
+    list field `shared` (typed `list[dict[str, Any]]`: plain values, dumped as they are)
+    the request's own list rather than a copy. A long session's history is then held
+    once per turn, by the request and the conversation hash alike, and not copied."""
+    out = req.model_dump(exclude_none=True, exclude={shared})
+    value = getattr(req, shared)
+    if value is None:
+        return out
+    ordered: dict[str, Any] = {}
+    for name in type(req).model_fields:  # model_dump's order: the fields, then extras
+        if name == shared:
+            ordered[name] = value
+        elif name in out:
+            ordered[name] = out.pop(name)
+    ordered.update(out)
+    return ordered
 
 
 def request_hash(body: bytes) -> str:

@@ -26,7 +26,7 @@ from gateway.entrypoints.openai.chat_completion.protocol import (
 from gateway.errors import APIError
 from gateway.serving.core import ServingCore
 from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, choice_ids
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, choice_ids, recorded_request
 from gateway.store.repository import SessionInfo
 
 
@@ -81,6 +81,7 @@ class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
             prompt.ids,
             choice_ids("chatcmpl", req.n),
             body_hash,
+            request=recorded_request(req, "messages"),
             max_tokens=req.max_completion_tokens or req.max_tokens,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stops=req.stop_strings(),
