@@ -28,6 +28,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
 log = logging.getLogger(__name__)
 
 # GPT-2's pattern, which a ByteLevel pre-tokenizer with `use_regex` applies
@@ -54,19 +56,8 @@ _PROBE = (
 )
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte-level alphabet: each byte as the printable character BPE merges see."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = dict(zip(keep, map(chr, keep), strict=True))
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-_BYTE_LEVEL = {b: c for b, c in _bytes_to_unicode().items() if b < 128}
+# the byte-level alphabet (each byte as the character BPE merges see), for ASCII
+_BYTE_LEVEL = {b: c for b, c in bytes_to_unicode().items() if b < 128}
 
 
 def ascii_pattern(pattern: str) -> re.Pattern[str] | None:
@@ -245,6 +236,4 @@ def ascii_encoder(
         if encoder.encode(text) != reference(text):
             log.warning("the ASCII encoder disagrees with the tokenizer on %r; not used", text)
             return None
-    encoder._words.clear()
-    encoder._words.older = {}
     return encoder

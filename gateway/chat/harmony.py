@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
 from gateway.inference.model_source import cache_root
 
 ENCODING_FILE = "o200k_base.tiktoken"
@@ -37,24 +39,10 @@ def is_harmony_tokenizer(tokenizer: Any) -> bool:
     return all(t in vocab for t in HARMONY_TOKENS)
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: the character a BPE vocab shows -> byte."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    bs += range(ord("®"), ord("ÿ") + 1)
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
-
-
 def tiktoken_vocabulary(tokenizer: Any) -> bytes:
     """The tokenizer's BPE ranks in tiktoken's file format (`base64(bytes) rank` lines)."""
     model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
-    decode = _byte_decoder()
+    decode = {c: b for b, c in bytes_to_unicode().items()}  # vocab character -> byte
     ranked = sorted(model["vocab"].items(), key=lambda kv: kv[1])
     return b"".join(
         base64.b64encode(bytes(decode[c] for c in token)) + b" %d\n" % rank
