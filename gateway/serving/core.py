@@ -599,7 +599,7 @@ class ServingCore:
             turn.request,
             prefix,
             resume,
-            turn.lists_json or None,
+            turn.lists_json,
         )
         self._recent.put((turn.session_id, answer_hash), parent)
         if resume is not None:

@@ -176,7 +176,7 @@ def completion_record(
         gen_s=out.gen_s,
         total_s=time.perf_counter() - turn.started,
         parent=(
-            Full(parent.request, parent.prompt_ids, parent.output_ids, parent.lists_json or {})
+            Full(parent.request, parent.prompt_ids, parent.output_ids, parent.lists_json)
             if parent is not None and parent.request is not None
             else None
         ),

@@ -17,7 +17,7 @@ is (1, 1.0 and True are three different values here).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway import json_codec
@@ -39,7 +39,7 @@ class Full:
     request: Request
     prompt_ids: list[int]
     output_ids: list[int]
-    lists_json: ListsJson = field(default_factory=dict)  # what is known of it
+    lists_json: ListsJson | None = None  # what is known of it
 
 
 def same(a: Any, b: Any) -> bool:
