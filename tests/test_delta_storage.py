@@ -298,3 +298,38 @@ def test_the_recorded_request_is_the_dump_with_the_history_not_copied() -> None:
     assert list(recorded) == list(dumped)
     assert json_codec.dumps(recorded) == json_codec.dumps(dumped)
     assert recorded["messages"] is req.messages
+
+
+@pytest.mark.parametrize(
+    ("module", "model", "field", "body"),
+    [
+        (
+            "gateway.entrypoints.anthropic.messages.protocol",
+            "MessagesRequest",
+            "messages",
+            {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+             "system": "be brief", "x_extra": 1},
+        ),
+        (
+            "gateway.entrypoints.openai.responses.protocol",
+            "ResponsesRequest",
+            "input",
+            {"input": [{"role": "user", "content": "hi"}], "model": "m", "x_extra": [None]},
+        ),
+        ("gateway.entrypoints.openai.responses.protocol", "ResponsesRequest", "input",
+         {"input": "hi", "instructions": "be brief"}),
+    ],
+)  # fmt: skip
+def test_every_endpoint_records_its_request_as_its_dump(module, model, field, body) -> None:
+    """Anthropic's messages and the Responses input are recorded the same way."""
+    import importlib
+
+    from gateway.serving.turn import recorded_request
+
+    cls = getattr(importlib.import_module(module), model)
+    req = cls.model_validate_json(json.dumps(body))
+    dumped = req.model_dump(exclude_none=True)
+    recorded = recorded_request(req, field)
+    assert list(recorded) == list(dumped)
+    assert json_codec.dumps(recorded) == json_codec.dumps(dumped)
+    assert recorded[field] is getattr(req, field)

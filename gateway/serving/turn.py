@@ -43,8 +43,8 @@ class Link(NamedTuple):
 
 def recorded_request(req: BaseModel, shared: str) -> dict[str, Any]:
     """`req.model_dump(exclude_none=True)`, the same keys in the same order, with the
-    list field `shared` (typed `list[dict[str, Any]]`: plain values, dumped as they are)
-    the request's own list rather than a copy. A long session's history is then held
+    field `shared` (the history: typed as plain JSON values, `list[dict[str, Any]]` or
+    a string, which the dump returns as they are) the request's own rather than a copy. A long session's history is then held
     once per turn, by the request and the conversation hash alike, and not copied."""
     out = req.model_dump(exclude_none=True, exclude={shared})
     value = getattr(req, shared)

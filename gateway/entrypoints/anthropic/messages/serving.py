@@ -32,7 +32,7 @@ from gateway.entrypoints.anthropic.messages.protocol import (
 from gateway.lru import LRU
 from gateway.serving.core import ServingCore
 from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, recorded_request
 from gateway.store.repository import SessionInfo
 
 # A system prompt that asks for a title of the conversation, with no tools
@@ -116,7 +116,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             link=link,
             history=history,
         )
-        request = req.model_dump(exclude_none=True)
+        request = recorded_request(req, "messages")
         turn = self.turn(
             req,
             session,

@@ -39,7 +39,7 @@ from gateway.entrypoints.openai.responses.protocol import (
 )
 from gateway.errors import APIError
 from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, recorded_request
 
 
 def new_response_id() -> str:
@@ -109,7 +109,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
             link=link,
             history=history,
         )
-        request = req.model_dump(exclude_none=True)
+        request = recorded_request(req, "input")
         if req.previous_response_id is not None:
             request["resolved_input"] = items  # what a later previous_response_id continues
         turn = self.turn(
