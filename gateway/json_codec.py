@@ -25,7 +25,7 @@ def dumps(data: Any) -> bytes:
 
 
 def loads(raw: bytes | str) -> Any:
-    """An engine's answer. orjson refuses what Python's own reader takes (`NaN`,
+    """An engine's answer (every one the gateway reads). orjson refuses what Python's own reader takes (`NaN`,
     `-Infinity` logprobs from a server that writes them, integers past 64 bits): those
     go to the standard library, which raises ValueError on what is not JSON at all."""
     try:

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway import json_codec
 from gateway.inference.base import (
     EngineError,
     FinishReason,
@@ -293,7 +293,7 @@ class RemoteEngine(InferenceEngine):
         if r.status != 200:
             return None
         try:
-            return json.loads(r.content)
+            return json_codec.loads(r.content)
         except ValueError:
             return None
 

@@ -27,11 +27,11 @@ header, which sglang-router's `manual` and `consistent_hashing` policies pin ses
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams
 from gateway.inference.http_client import HTTPFailed
 from gateway.inference.remote import RemoteEngine, Segment, Tokens, as_int, normalize_url
@@ -213,7 +213,7 @@ class SGLangEngine(RemoteEngine):
         except HTTPFailed as exc:
             return f"{url}: {exc}"
         try:
-            data = json.loads(r.content)
+            data = json_codec.loads(r.content)
         except ValueError:
             data = {}
         if r.status != 200 or not (isinstance(data, dict) and data.get("success")):
