@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
 from gateway.entrypoints.anthropic.messages import api_router as messages
 from gateway.entrypoints.hot_routes import HotRoutes
+from gateway.entrypoints.incremental_body import IncrementalBodies
 from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
 from gateway.entrypoints.openai.completion import api_router as completion
@@ -51,7 +52,8 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     recorder = Recorder(db, on_commit=metrics.store_commit_seconds.observe)
     core = ServingCore(engine, renderer, repo, recorder, metrics, config)
     keys = KeyRing(repo, config.admin_key, cache_size=config.key_cache_size)
-    return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, core)
+    bodies = IncrementalBodies(config.parent_cache_size, config.body_cache_mb * 2**20)
+    return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, core, bodies)
 
 
 def create_app(

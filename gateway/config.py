@@ -79,6 +79,11 @@ class GatewayConfig:
         "most prompt + output tokens those answers may hold together (a long session's "
         "answer holds its whole prompt); LRU",
     )
+    body_cache_mb: int = _field(
+        256,
+        "recent request bodies kept per session so that the next turn's body is parsed "
+        "and hashed only where it is new (LRU; as many sessions as parent_cache_size)",
+    )
     key_cache_size: int = _field(100_000, "session keys kept in memory (LRU; older: a DB read)")
     word_cache_size: int = _field(
         65_536,

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from gateway.auth import Caller, KeyRing
 from gateway.chat.template import ChatRenderer
 from gateway.config import GatewayConfig
+from gateway.entrypoints.incremental_body import IncrementalBodies
 from gateway.errors import APIError
 from gateway.inference.base import InferenceEngine
 from gateway.metrics import Metrics
@@ -31,6 +32,7 @@ class GatewayState:
     keys: KeyRing
     metrics: Metrics
     core: ServingCore
+    bodies: IncrementalBodies
     handlers: dict[type, Any] = field(default_factory=dict)
 
     def serving(self, cls: type[H]) -> H:

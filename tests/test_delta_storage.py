@@ -7,6 +7,7 @@ answered, byte for byte.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -66,7 +67,8 @@ def test_each_turn_keeps_its_lists_json_for_its_child() -> None:
     kept1: dict[str, tuple[int, bytes]] = {}
     delta_columns(None, first, [1], lists_json=kept1)
     assert kept1 == {k: (len(v), json_codec.dumps(v)) for k, v in first.items()}
-    second = {**first, "messages": [*first["messages"], {"role": "user", "content": "b"}]}
+    # (copies: a body parsed whole holds its own objects, compared by their JSON)
+    second = {**first, "messages": [*copy.deepcopy(first["messages"]), {"role": "user", "content": "b"}]}  # fmt: skip
     kept2: dict[str, tuple[int, bytes]] = {}
     cols = delta_columns(Full(first, [1], [2], kept1), second, [1, 2, 3], lists_json=kept2)
     assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "b"}]}
@@ -76,6 +78,22 @@ def test_each_turn_keeps_its_lists_json_for_its_child() -> None:
         Full(second, [1, 2, 3], [4], kept2), edited, [1, 2, 3, 4, 5], lists_json={}
     )
     assert cols["request"]["set"] == {"messages": edited["messages"]}
+
+
+def test_a_history_holding_its_parents_very_messages_extends_it_without_json() -> None:
+    """A body parsed on its parent's (incremental_body.py) holds the parent's message
+    objects: that is the proof, nothing is written or compared as JSON."""
+    first = {"messages": [{"role": "user", "content": "a"}]}
+    second = {"messages": [*first["messages"], {"role": "user", "content": "b"}]}
+    kept: dict[str, tuple[int, bytes]] = {}
+    cols = delta_columns(Full(first, [1], [2], {}), second, [1, 2, 3], lists_json=kept)
+    assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "b"}]}
+    assert kept == {}
+    # equal objects that are not the parent's are still compared (and found equal)
+    third = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "c"}]}
+    cols = delta_columns(Full(first, [1], [2], {}), third, [1, 2, 3], lists_json=kept)
+    assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "c"}]}
+    assert "messages" in kept
 
 
 @pytest.mark.parametrize(
@@ -232,6 +250,8 @@ def test_a_long_session_is_stored_once_and_read_back_whole(fake_gateway, new_ses
     client = openai_client(fake_gateway, key)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You help. " * 50}]
     sent = []
+    bodies = fake_gateway.app.state.gateway.bodies
+    reused_before = bodies.reused
     for turn in range(24):
         messages.append({"role": "user", "content": f"Tool output {turn}: " + "x y z " * 60})
         reply = client.chat.completions.create(model="default", messages=messages)
@@ -259,6 +279,9 @@ def test_a_long_session_is_stored_once_and_read_back_whole(fake_gateway, new_ses
     )
     assert deltas == len(completions) - 1
     assert stored <= 1.5 * final, (stored, final)
+    # the SDK's bodies were parsed on their previous one from the second turn on, and
+    # what was recorded is what was sent (above)
+    assert bodies.reused - reused_before == 23
 
 
 def test_one_row_rebuilt_in_place_equals_the_session_walk() -> None:

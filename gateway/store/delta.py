@@ -16,6 +16,7 @@ is (1, 1.0 and True are three different values here).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -120,12 +121,20 @@ def request_delta(
 ) -> tuple[Request, bool]:
     """The delta of `request` on `base`, and whether any list of `base` was continued.
     `base_json`: what is known of `base`'s lists' JSON; `lists_json`: `request`'s is
-    written (or read) there, for its own child."""
+    written (or read) there, for its own child.
+
+    A list that starts with `base`'s very objects continues it without a compare: a
+    body parsed on its session's previous one holds that one's messages
+    (gateway/entrypoints/incremental_body.py), and recorded requests are not changed."""
     extend: dict[str, list[Any]] = {}
     changed: dict[str, Any] = {}
     for key, value in request.items():
         old = base.get(key, _MISSING)
         if isinstance(value, list) and isinstance(old, list) and len(old) <= len(value):
+            if all(map(operator.is_, old, value)):  # its parent's very items (see below)
+                if len(old) < len(value):
+                    extend[key] = value[len(old) :]
+                continue
             new_json = _kept_json(lists_json, key, value)
             kept = base_json.get(key) if base_json else None
             old_json = kept[1] if kept is not None and kept[0] == len(old) else None

@@ -5,7 +5,8 @@ Written as one plain handler rather than FastAPI parameters and dependencies: th
 for every turn of every agent, and resolving three dependencies plus FastAPI's
 json-then-validate body parsing cost more than the steps themselves. It is served
 `direct` (gateway/entrypoints/hot_routes.py): FastAPI's routing is not in its way. The body is
-validated from its bytes once (pydantic's `model_validate_json`), the bytes hashed for
+validated from its bytes once (pydantic's `model_validate_json`; where it extends the
+session's previous body, only its new part: incremental_body.py), the bytes hashed for
 retry detection, and errors keep the shapes FastAPI's own path gives (an unknown key is
 401 before a bad body is 400). The body's schema is still in the OpenAPI document.
 """
@@ -21,7 +22,6 @@ from gateway import json_codec
 from gateway.api_schema import errors
 from gateway.entrypoints.hot_routes import direct
 from gateway.serving.endpoint import RetryIdentity
-from gateway.serving.turn import request_hash
 
 # one server-sent event (OpenAPI < 3.2 describes each event of a stream, not the stream)
 _SSE_EVENT = {
@@ -38,11 +38,14 @@ def openai_route(
     reply_model: type[BaseModel] | None = None,
     more_errors: tuple[int, ...] = (),
     tag: str = "openai",
+    history: str | None = None,
 ) -> APIRouter:
     """`POST /v1<path>`, served by `serving_cls` (any `OpenAIServing`, whatever its API).
 
     `reply_model`: the type of a whole (non-streamed) answer, for the OpenAPI document;
-    `more_errors`: statuses this endpoint answers beyond every generating route's."""
+    `more_errors`: statuses this endpoint answers beyond every generating route's;
+    `history`: the field (a list) a session's next body repeats and extends, parsed
+    only where new (incremental_body.py)."""
     router = APIRouter(prefix="/v1", tags=[tag])
     body_schema = {
         "requestBody": {
@@ -71,8 +74,11 @@ def openai_route(
         state = request.app.state.gateway
         caller = await state.keys.resolve(request, allow_admin=False)
         raw = await request.body()
-        body = parse_body(request_model, raw)
-        retry = RetryIdentity(request_hash(raw), retry_count(request))
+        try:
+            body, digest = state.bodies.parse(request_model, raw, caller.session.id, history)
+        except ValidationError as exc:
+            raise invalid_body(exc) from exc
+        retry = RetryIdentity(digest, retry_count(request))
         reply = await state.serving(serving_cls).handle_request(body, caller.session, retry)
         if isinstance(reply, Response):  # a stream
             return reply
@@ -87,9 +93,13 @@ def parse_body(model: type[BaseModel], raw: bytes) -> Any:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
-        ) from exc
+        raise invalid_body(exc) from exc
+
+
+def invalid_body(exc: ValidationError) -> RequestValidationError:
+    return RequestValidationError(
+        [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+    )
 
 
 def retry_count(request: Request) -> int:

@@ -29,7 +29,7 @@ class CountTokens(BaseModel):
 
 router = openai_route(
     "/messages", MessagesRequest, MessagesServing, more_errors=(404, 504, OVERLOADED),
-    tag="anthropic",
+    tag="anthropic", history="messages",
 )  # fmt: skip
 
 

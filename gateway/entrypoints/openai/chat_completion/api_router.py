@@ -7,5 +7,9 @@ from gateway.entrypoints.openai.chat_completion.serving import ChatCompletionSer
 from gateway.entrypoints.openai.route import openai_route
 
 router = openai_route(
-    "/chat/completions", ChatCompletionRequest, ChatCompletionServing, ChatCompletion
+    "/chat/completions",
+    ChatCompletionRequest,
+    ChatCompletionServing,
+    ChatCompletion,
+    history="messages",
 )

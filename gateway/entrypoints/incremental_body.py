@@ -1,0 +1,193 @@
+"""A request body that extends its session's previous one is parsed and hashed only where
+it is new.
+
+An agent's turn k+1 sends turn k's body again with a few messages added to its history:
+`{"model": ..., "messages": [m1, ..., mk, NEW...], "max_tokens": ...}`. At turn 64 of a
+session with tool outputs that is ~150 kB, of which ~3 kB are new; parsing and hashing
+all of it took ~0.3 ms a turn, growing with the session. Here the body is compared with
+the session's previous bodies as bytes (in C), and when it is one of them with elements
+inserted just before its history's closing `]`, only the new elements are parsed and
+hashed. The result is the request the whole body parses to, its earlier messages the very
+objects of the earlier request's (which the stored delta and the parent link then see
+at a glance), and the same SHA-256 of the whole body.
+
+Why that is the same parse. A kept body is trusted only once it is proven that its
+history array opens at `start` and closes at `end`, and that this array is the value
+the parse takes for the history key (not a nested key, nor one a later duplicate key
+overrides). Proven once per session (at its second turn, on the small first body); after
+that the proof carries over: a new body C is accepted when
+
+    C == P[:end] + b"," + X + P[end:]      (P: the proven body)
+
+and `[X]` parses as a JSON array, so that X is a sequence of whole values. Then C is P
+with X's values appended to the same array, everything else byte for byte P's; the
+request is validated from `P[:start + 1] + X + P[end:]` (the body with only the new
+messages, so every validator still sees every new message) and its history is P's
+items + those. Anything else (another shape, a client that re-serialises, a changed
+setting) is parsed whole, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from gateway.lru import LRU
+from gateway.serving.turn import body_digest, body_hasher, request_hash
+
+_COMMA, _CLOSE, _OPEN = 0x2C, 0x5D, 0x5B  # , ] [
+_SPACE = b" \t\r\n"
+
+
+@dataclass(slots=True)
+class _Prior:
+    """A body of the session, and what is known of where its history lies."""
+
+    body: bytes
+    items: list[Any]  # the history as the request holds it
+    start: int = -1  # its `[` (-1: not yet proven; -2: cannot be)
+    end: int = -1  # its `]`
+    state: Any = None  # SHA-256 of body[:end]
+
+
+class IncrementalBodies:
+    """Each session's recent bodies (LRU by session, bounded in count and bytes)."""
+
+    def __init__(self, max_sessions: int, max_bytes: int, per_session: int = 4) -> None:
+        self._priors: LRU[str, list[_Prior]] = LRU(
+            max_sessions, max_weight=max_bytes, weigh=lambda ps: sum(len(p.body) for p in ps)
+        )
+        self.per_session = per_session
+        self.reused = 0  # bodies parsed only where new
+        self.whole = 0  # bodies parsed whole
+
+    def parse(
+        self, model: type[BaseModel], raw: bytes, session_id: str, history: str | None
+    ) -> tuple[Any, str]:
+        """(the validated request, `request_hash(raw)`); raises what `model_validate_json`
+        raises for a bad body."""
+        if history is not None:
+            priors = self._priors.get(session_id) or []
+            for i, prior in enumerate(priors):
+                done = self._extend(prior, raw, model, history)
+                if done is not None:
+                    request, digest, child = done
+                    self.reused += 1
+                    # the child stands for its parent from now on: a body is sent once
+                    self._keep(session_id, [child, *priors[:i], *priors[i + 1 :]])
+                    return request, digest
+        request = model.model_validate_json(raw)
+        self.whole += 1
+        digest = request_hash(raw)
+        items = getattr(request, history) if history is not None else None
+        if isinstance(items, list) and items:
+            priors = self._priors.get(session_id) or []
+            self._keep(session_id, [_Prior(raw, items), *priors])
+        return request, digest
+
+    def _keep(self, session_id: str, priors: list[_Prior]) -> None:
+        self._priors.put(session_id, priors[: self.per_session])
+
+    def _extend(
+        self, prior: _Prior, raw: bytes, model: type[BaseModel], history: str
+    ) -> tuple[Any, str, _Prior] | None:
+        """The request `raw` stands for, when it is `prior` with history appended."""
+        old = prior.body
+        if prior.start == -1:  # not proven yet: find the candidate end, then prove it
+            end = common_prefix(old, raw)
+            if (
+                end >= len(old)
+                or len(raw) - (len(old) - end) <= end + 1
+                or old[end] != _CLOSE
+                or raw[end] != _COMMA
+                or not raw.endswith(memoryview(old)[end:])
+            ):
+                return None
+            start = history_start(old, history, end)
+            if start < 0 or not proves_history(old, start, end, history, len(prior.items)):
+                prior.start = -2  # never: not worth proving again
+                return None
+            prior.start, prior.end = start, end
+            prior.state = body_hasher(memoryview(old)[:end])
+        elif prior.start < 0:
+            return None
+        start, end = prior.start, prior.end
+        new_end = len(raw) - (len(old) - end)  # where the grown history closes
+        if (
+            new_end <= end + 1
+            or raw[end] != _COMMA
+            or not raw.startswith(memoryview(old)[:end])
+            or not raw.endswith(memoryview(old)[end:])
+        ):
+            return None
+        added = memoryview(raw)[end + 1 : new_end]
+        try:  # whole values only: `[X]` must be an array
+            values = orjson.loads(b"".join((b"[", added, b"]")))
+            request = model.model_validate_json(
+                b"".join((memoryview(old)[: start + 1], added, memoryview(old)[end:]))
+            )
+        except (orjson.JSONDecodeError, ValidationError):
+            return None  # parsed whole, which reports what is wrong
+        new = getattr(request, history)
+        if not isinstance(new, list) or not new or len(new) != len(values):
+            return None
+        items = prior.items + new
+        setattr(request, history, items)
+        h = prior.state.copy()
+        h.update(memoryview(raw)[end:new_end])
+        state = h.copy()
+        h.update(memoryview(raw)[new_end:])
+        return request, body_digest(h), _Prior(raw, items, start, new_end, state)
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of two byte strings (memcmp by halves)."""
+    n = min(len(a), len(b))
+    view = memoryview(a)
+    if b.startswith(view[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if b.startswith(view[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def history_start(body: bytes, key: str, before: int) -> int:
+    """Index of the `[` after the first `"key":` in `body` (before `before`), or -1. Only
+    a candidate: `proves_history` tells whether it is the top-level key's value."""
+    at = body.find(b'"' + key.encode() + b'"', 0, before)
+    if at < 0:
+        return -1
+    i = at + len(key) + 2
+    while i < before and body[i] in _SPACE:
+        i += 1
+    if i >= before or body[i] != ord(":"):
+        return -1
+    i += 1
+    while i < before and body[i] in _SPACE:
+        i += 1
+    return i if i < before and body[i] == _OPEN else -1
+
+
+def proves_history(body: bytes, start: int, end: int, key: str, count: int) -> bool:
+    """Is `body[start:end + 1]` the array the parse took as `key` (its `count` items)?
+
+    It is a whole array of `count` values, and with it replaced by `0` the body is an
+    object whose `key` is 0: so that array is where the winning `key` lies (a later
+    duplicate key would win instead; a nested one would leave `key` as it was)."""
+    try:
+        values = orjson.loads(memoryview(body)[start : end + 1])
+        rest = orjson.loads(b"".join((memoryview(body)[:start], b"0", memoryview(body)[end + 1 :])))
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(values, list) or len(values) != count or not isinstance(rest, dict):
+        return False
+    marker = rest.get(key)
+    return type(marker) is int and marker == 0
