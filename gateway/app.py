@@ -45,7 +45,12 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     engine = engine or make_inference_engine(config)
     tokenizer = load_tokenizer(resolve_model_dir(config.model))
     template = load_chat_template(config.chat_template) if config.chat_template else None
-    renderer = ChatRenderer(tokenizer, template, word_cache_size=config.word_cache_size)
+    renderer = ChatRenderer(
+        tokenizer,
+        template,
+        word_cache_size=config.word_cache_size,
+        message_cache_size=config.message_cache_size,
+    )
     db = open_database(config.database or "turnstile.db")
     repo = Repository(db)
     metrics = Metrics()

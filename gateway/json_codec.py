@@ -16,12 +16,21 @@ from typing import Any
 
 import orjson
 
+from gateway.token_ids import TokenIds
+
 
 def dumps(data: Any) -> bytes:
     try:
-        return orjson.dumps(data)
+        return orjson.dumps(data, default=_plain)
     except orjson.JSONEncodeError:
         return _dumps_slow(data).encode()
+
+
+def _plain(value: Any) -> Any:
+    """What orjson cannot write as it is: prompt ids kept as chunks (token_ids.py)."""
+    if isinstance(value, TokenIds):
+        return value.flat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def loads(raw: bytes | str) -> Any:
@@ -37,7 +46,7 @@ def loads(raw: bytes | str) -> Any:
 def dumps_text(data: Any) -> str:
     """For a library that wants `str` (SQLAlchemy's JSON columns)."""
     try:
-        return orjson.dumps(data).decode()
+        return orjson.dumps(data, default=_plain).decode()
     except orjson.JSONEncodeError:
         return _dumps_slow(data)
 
@@ -66,6 +75,6 @@ def _finite(data: Any) -> Any:
         return data if math.isfinite(data) else None
     if isinstance(data, dict):
         return {k: _finite(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
+    if isinstance(data, (list, tuple, TokenIds)):
         return [_finite(v) for v in data]
     return data

@@ -1,56 +1,131 @@
-"""Prompt ids that remember their JSON, so a long session's prompt is written once.
+"""Prompt ids built on a parent's without copying them, and kept with their JSON.
 
-Every turn of a 64-turn session sends the engine its whole prompt, ~40k ids: writing
-them as JSON cost ~0.2 ms a turn, growing with the session. A turn built on its
-parent's ids (incremental prompts) starts from the parent's JSON and writes only the
-ids after it.
+A turn of a 64-turn session has ~40k prompt ids, of which a few hundred are new: its
+parent's prompt + output ids, then the new messages' ids. As a list, every turn copied
+the whole prompt (~0.2 ms at 40k, with each id's reference count touched), and a parent
+evicted from the cache freed it again, id by id. A `TokenIds` is instead a tuple of
+chunks that it shares with its parent: joining is a tuple of references, whatever the
+length, and the only things a turn needs on its way (its length, its tail after the
+parent's, its JSON for the engine) are read from the chunks.
 
-Prompt ids are not changed once built. Ids appended after the JSON was written are
-added to it; a list cut shorter is written again; ids changed in place would not be
-seen, and nothing here changes them.
+It is an immutable sequence of ints: iteration, indexing, slicing, `len` and `==` with
+a list work as on a list (a slice is a list); anything else takes `list(ids)`. Its
+chunks are never changed: `joined` copies the parts it is given, which their owners may
+still grow (an engine's output so far).
+
+Every turn sends the engine its whole prompt as JSON too: the JSON is kept, and a turn
+built on its parent's ids writes only its own ids after the parent's JSON.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
+from typing import Any, overload
 
 import orjson
 
 
-class TokenIds(list[int]):
-    __slots__ = ("_json", "_json_len")
+class TokenIds(Sequence[int]):
+    __slots__ = ("_chunks", "_len", "_flat", "_json", "_json_len")
 
-    def __init__(self, ids: Any = ()) -> None:
-        super().__init__(ids)
-        self._json: bytes | None = None  # the JSON of self[: self._json_len]
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        first = list(ids)
+        self._chunks: tuple[list[int], ...] = (first,)
+        self._len = len(first)
+        self._flat: list[int] | None = first  # all ids in one list, once someone needs it
+        self._json: bytes | None = None  # the JSON of the first `_json_len` ids
         self._json_len = 0
 
     @classmethod
-    def joined(cls, head: list[int], *rest: list[int]) -> TokenIds:
-        """`head` + each of `rest`, copied once; `head`'s JSON, when it has one, is ours
-        up to its length."""
-        out = cls(head)
-        for part in rest:
-            out += part
-        if isinstance(head, TokenIds) and head._json is not None and head._json_len == len(head):
-            out._json, out._json_len = head._json, head._json_len
+    def joined(cls, head: Sequence[int], *rest: Sequence[int]) -> TokenIds:
+        """`head` + each of `rest`: `head`'s chunks shared (a list's copied), `rest`
+        copied (short: an answer, new messages' ids). `head`'s JSON is kept for ours."""
+        out = cls.__new__(cls)
+        parts = tuple(list(p) for p in rest if len(p))
+        if isinstance(head, TokenIds):
+            out._chunks = head._chunks + parts
+            out._len = head._len + sum(map(len, parts))
+            out._json, out._json_len = head._json, head._json_len  # see `json`
+        else:
+            out._chunks = (list(head), *parts)
+            out._len = sum(map(len, out._chunks))
+            out._json, out._json_len = None, 0
+        out._flat = out._chunks[0] if len(out._chunks) == 1 else None
+        if not parts and isinstance(head, TokenIds):
+            out._flat = head._flat
         return out
 
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(self._chunks)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step == 1 and stop == self._len and self._flat is None:
+                return self.tail(start)
+            return self.flat()[index]
+        if -len(self._chunks[-1]) <= index < 0:
+            return self._chunks[-1][index]
+        return self.flat()[index]
+
+    def tail(self, start: int) -> list[int]:
+        """`self[start:]`, read off the last chunks (a turn's ids after its parent's)."""
+        need, parts = self._len - start, []
+        for chunk in reversed(self._chunks):
+            if need <= 0:
+                break
+            parts.append(chunk)
+            need -= len(chunk)
+        if need > 0:
+            return self.flat()[start:]
+        out = list(chain.from_iterable(reversed(parts)))
+        return out[-need:] if need < 0 else out  # (need < 0: the first part is cut)
+
+    def flat(self) -> list[int]:
+        """All the ids in one list (made once; a turn on the hot path never asks)."""
+        if self._flat is None:
+            self._flat = list(chain.from_iterable(self._chunks))
+        return self._flat
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenIds):
+            return self._len == other._len and self.flat() == other.flat()
+        if isinstance(other, list):
+            return self._len == len(other) and self.flat() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"TokenIds({self.flat()!r})"
+
     def json(self) -> orjson.Fragment:
-        """The ids as JSON (a fragment `orjson.dumps` writes as it is), kept for later."""
-        n, known = len(self), self._json
-        if known is None or self._json_len > n or self._json_len == 0:
-            data = orjson.dumps(self)
-        elif self._json_len == n:
-            data = known
-        else:  # "[...known" + "," + "new...]"
-            tail = orjson.dumps(self[self._json_len :])
-            data = b"".join((memoryview(known)[:-1], b",", memoryview(tail)[1:]))
-        self._json, self._json_len = data, n
-        return orjson.Fragment(data)
+        """The ids as JSON (a fragment `orjson.dumps` writes as it is), kept: a turn
+        built on this one writes only its own ids after it."""
+        if self._json is None or self._json_len == 0:
+            self._json = orjson.dumps(self.flat())
+        elif self._json_len < self._len:  # "[...head" + "," + "new...]"
+            new = orjson.dumps(self.tail(self._json_len))
+            self._json = b"".join((memoryview(self._json)[:-1], b",", memoryview(new)[1:]))
+        self._json_len = self._len
+        return orjson.Fragment(self._json)
 
 
-def as_json(ids: list[int]) -> Any:
+def as_json(ids: Sequence[int]) -> Any:
     """What to put in an engine request body for `ids`: their kept JSON where they have
     it, else the list."""
     return ids.json() if isinstance(ids, TokenIds) else ids

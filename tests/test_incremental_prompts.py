@@ -13,6 +13,7 @@ from gateway_helpers import completion_record, http_client, openai_client
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from gateway import json_codec
 from gateway.chat.template import ChatRenderer
 from gateway.token_ids import TokenIds
 
@@ -125,10 +126,11 @@ def test_prompt_ids_sent_on_their_parents_json_are_the_same_json(parts) -> None:
         expected += [*part, 7]
         assert ids == expected
         assert orjson.dumps({"input_ids": ids.json()}) == orjson.dumps({"input_ids": expected})
-    ids.append(9)  # grown after its JSON was written: the JSON grows with it
-    assert orjson.dumps(ids.json()) == orjson.dumps([*expected, 9])
-    del ids[-2:]  # cut: written again
-    assert orjson.dumps(ids.json()) == orjson.dumps(expected[:-1])
+        # and read as a list would be, without flattening for a tail
+        assert list(ids) == expected and len(ids) == len(expected)
+        assert ids[len(ids) - len(part) - 1 :] == expected[len(expected) - len(part) - 1 :]
+        assert ids[-1] == 7 and ids[1:3] == expected[1:3] and expected == ids
+    assert json_codec.dumps({"ids": ids}) == orjson.dumps({"ids": expected})
 
 
 def test_interned_ids_keep_their_values_and_odd_ones_stay(tokenizer) -> None:
@@ -140,3 +142,28 @@ def test_interned_ids_keep_their_values_and_odd_ones_stay(tokenizer) -> None:
     odd = [1, len(tokenizer) + 7, -1, 500]
     assert renderer.interned(odd) == odd
     assert renderer.interned(ids)[0] is renderer.interned(list(ids))[0]
+
+
+def test_normalised_messages_are_kept_per_object_and_bounded() -> None:
+    """A history repeated by the next body (the same message objects) is normalised once;
+    an edited message is a new object with its own form; the memo stays within bound."""
+    from gateway.chat.template import NormalizedMessages, normalize_message
+    from gateway.chat.template_traits import TemplateTraits
+
+    traits = TemplateTraits(False, True, True, True, False)
+    memo = NormalizedMessages(traits, bound=8)
+    history = [{"role": "user", "content": f"q{i}"} for i in range(3)]
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    first = memo(history)
+    assert first == [normalize_message(m, traits) for m in history]
+    grown = [*history, {"role": "tool", "content": "r", "tool_call_id": "c"}]
+    second = memo(grown)
+    assert all(a is b for a, b in zip(first, second, strict=False))  # not normalised again
+    assert second[-1] == normalize_message(grown[-1], traits)
+    edited = [{**history[0], "content": "changed"}, *history[1:]]
+    assert memo(edited)[0]["content"] == "changed"
+    for i in range(40):
+        memo([{"role": "user", "content": str(i)}])
+        assert len(memo.newer) + len(memo.older) <= 8
+    assert memo(grown) == [normalize_message(m, traits) for m in grown]
