@@ -13,28 +13,30 @@ a list work as on a list (a slice is a list); anything else takes `list(ids)`. I
 chunks are never changed: `joined` copies the parts it is given, which their owners may
 still grow (an engine's output so far).
 
-Every turn sends the engine its whole prompt as JSON too: the JSON is kept, and a turn
-built on its parent's ids writes only its own ids after the parent's JSON.
+Every turn sends the engine its whole prompt as JSON too: the JSON is kept as parts (the
+parent's, then the turn's own ids), and the engine request is joined from them once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from typing import Any, overload
+from typing import overload
 
 import orjson
 
 
 class TokenIds(Sequence[int]):
-    __slots__ = ("_chunks", "_len", "_flat", "_json", "_json_len")
+    __slots__ = ("_chunks", "_len", "_flat", "_parts", "_json_len")
 
     def __init__(self, ids: Iterable[int] = ()) -> None:
         first = list(ids)
         self._chunks: tuple[list[int], ...] = (first,)
         self._len = len(first)
         self._flat: list[int] | None = first  # all ids in one list, once someone needs it
-        self._json: bytes | None = None  # the JSON of the first `_json_len` ids
+        # the first `_json_len` ids as JSON arrays of consecutive runs (a parent's, then
+        # each turn's own): written once, shared with the turns built on them
+        self._parts: tuple[bytes, ...] = ()
         self._json_len = 0
 
     @classmethod
@@ -46,11 +48,11 @@ class TokenIds(Sequence[int]):
         if isinstance(head, TokenIds):
             out._chunks = head._chunks + parts
             out._len = head._len + sum(map(len, parts))
-            out._json, out._json_len = head._json, head._json_len  # see `json`
+            out._parts, out._json_len = head._parts, head._json_len  # see `json_parts`
         else:
             out._chunks = (list(head), *parts)
             out._len = sum(map(len, out._chunks))
-            out._json, out._json_len = None, 0
+            out._parts, out._json_len = (), 0
         out._flat = out._chunks[0] if len(out._chunks) == 1 else None
         if not parts and isinstance(head, TokenIds):
             out._flat = head._flat
@@ -113,19 +115,34 @@ class TokenIds(Sequence[int]):
     def __repr__(self) -> str:
         return f"TokenIds({self.flat()!r})"
 
-    def json(self) -> orjson.Fragment:
-        """The ids as JSON (a fragment `orjson.dumps` writes as it is), kept: a turn
-        built on this one writes only its own ids after it."""
-        if self._json is None or self._json_len == 0:
-            self._json = orjson.dumps(self.flat())
-        elif self._json_len < self._len:  # "[...head" + "," + "new...]"
-            new = orjson.dumps(self.tail(self._json_len))
-            self._json = b"".join((memoryview(self._json)[:-1], b",", memoryview(new)[1:]))
-        self._json_len = self._len
-        return orjson.Fragment(self._json)
+    def json_parts(self) -> tuple[bytes, ...]:
+        """The ids as JSON arrays of consecutive runs, kept: a turn built on this one
+        writes only its own ids. `json_array` joins them into one array."""
+        if self._json_len < self._len:
+            new = self.flat() if self._json_len == 0 else self.tail(self._json_len)
+            self._parts = (*self._parts, orjson.dumps(new))
+            self._json_len = self._len
+        return self._parts
 
 
-def as_json(ids: Sequence[int]) -> Any:
-    """What to put in an engine request body for `ids`: their kept JSON where they have
-    it, else the list."""
-    return ids.json() if isinstance(ids, TokenIds) else ids
+def json_array(ids: Sequence[int]) -> list[bytes | memoryview]:
+    """Pieces whose concatenation is `ids` as one JSON array: a `TokenIds`' kept parts
+    (not copied until the body they go into is joined), else the list written now."""
+    parts = ids.json_parts() if isinstance(ids, TokenIds) else (orjson.dumps(list(ids)),)
+    pieces: list[bytes | memoryview] = [b"["]
+    for part in parts:
+        if len(pieces) > 1:
+            pieces.append(b",")
+        pieces.append(memoryview(part)[1:-1])
+    pieces.append(b"]")
+    return pieces
+
+
+def json_object_with_ids(key: str, ids: Sequence[int], rest: bytes) -> bytes:
+    """`{"<key>": ids, ...rest}` as JSON (`rest`: the other fields as a JSON object),
+    copied once: a 40k-token prompt's JSON goes into the body as it was kept."""
+    head = b"".join((b'{"', key.encode(), b'":'))
+    tail: tuple[bytes | memoryview, ...] = (
+        (b",", memoryview(rest)[1:]) if len(rest) > 2 else (b"}",)
+    )
+    return b"".join((head, *json_array(ids), *tail))

@@ -17,7 +17,7 @@ from gateway.inference.base import (
     SamplingParams,
     TopLogprobs,
 )
-from gateway.token_ids import as_json
+from gateway.token_ids import json_object_with_ids
 
 # SGLang's own refusals (tokenizer_manager._validate_one_request), so that they become
 # a 400 context_length_exceeded rather than an engine failure.
@@ -46,7 +46,6 @@ def generate_body(
         # A resubmitted segment is a new request: give it its own stream of randomness.
         sampling["sampling_seed"] = params.seed + produced
     body: dict[str, Any] = {
-        "input_ids": as_json(input_ids),
         "sampling_params": sampling,
         "return_logprob": True,
         "logprob_start_len": -1,  # output tokens only: no prompt logprobs
@@ -54,7 +53,7 @@ def generate_body(
     }
     if params.top_logprobs:
         body["top_logprobs_num"] = params.top_logprobs
-    return dumps(body)
+    return json_object_with_ids("input_ids", input_ids, dumps(body))
 
 
 def dumps(obj: Any) -> bytes:

@@ -24,7 +24,7 @@ from typing import Any
 from gateway import json_codec
 from gateway.inference.base import ContextLengthExceeded, EngineError, SamplingParams, TopLogprobs
 from gateway.inference.remote import as_int
-from gateway.token_ids import as_json
+from gateway.token_ids import json_object_with_ids
 
 GENERATE_PATH = "/inference/v1/generate"
 
@@ -59,12 +59,11 @@ def generate_body(
         # A resubmitted segment is a new request: give it its own stream of randomness.
         sampling["seed"] = params.seed + produced
     body: dict[str, Any] = {
-        "token_ids": as_json(input_ids),
         "sampling_params": sampling,
         "output_mode": "tokens",
         "stream": stream,
     }
-    return json_codec.dumps(body)
+    return json_object_with_ids("token_ids", input_ids, json_codec.dumps(body))
 
 
 def parse_choice(raw: bytes | str, url: str, prompt_len: int) -> dict[str, Any]:
