@@ -170,3 +170,8 @@ def test_normalised_messages_are_kept_per_object_and_bounded() -> None:
         memo([{"role": "user", "content": str(i)}])
         assert len(memo.newer) + len(memo.older) <= 8
     assert memo(grown) == [normalize_message(m, traits) for m in grown]
+    # a caller's list grown or changed in place is not mistaken for the one seen before
+    grown.append({"role": "user", "content": "appended"})
+    assert memo(grown)[-1]["content"] == "appended"
+    grown[1] = {"role": "user", "content": "replaced"}
+    assert memo(grown) == [normalize_message(m, traits) for m in grown]

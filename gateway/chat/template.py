@@ -22,6 +22,7 @@ ends; otherwise the prompt is the template's (a fallback, with its reason).
 from __future__ import annotations
 
 import json
+import operator
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from gateway.chat.reasoning_parsers import detect_reasoning_parser
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
 from gateway.chat.tools import inline_tools
+from gateway.lru import LRU
 from gateway.token_ids import TokenIds
 
 
@@ -128,7 +130,8 @@ class NormalizedMessages:
     history is normalised once, not on every turn (~0.1 ms a turn at 128 messages).
 
     Keyed by `id`, with the message itself kept beside its form so that the id cannot
-    be another object's while the entry lives. Two generations of plain dicts (as the
+    be another object's while the entry lives; and per history (by its first message),
+    so that a history repeating the last one takes those forms in one slice. Two generations of plain dicts (as the
     ASCII encoder's words): an LRU's bookkeeping per message would cost what it saves.
     Safe because neither side is changed: recorded requests are not, and a normalised
     message is only read (templates render in a sandbox that cannot change a dict;
@@ -139,8 +142,29 @@ class NormalizedMessages:
         self.bound = max(1, bound // 2)
         self.newer: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.older: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        # the last history seen after each first message (a session's), with its forms:
+        # a history that repeats it takes them in one slice, without a lookup per message
+        # (a tuple of the messages themselves: a caller may grow its list in place)
+        self.histories: LRU[int, tuple[tuple[dict[str, Any], ...], list[dict[str, Any]]]] = LRU(
+            max(1, bound // 64)
+        )
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not messages:
+            return []
+        key = id(messages[0])
+        last = self.histories.get(key)
+        if last is not None and last[0][0] is messages[0]:
+            seen, forms = last
+            if len(seen) <= len(messages) and all(map(operator.is_, seen, messages)):
+                out = forms + self._each(messages[len(seen) :])
+                self.histories.put(key, (tuple(messages), out))
+                return out
+        out = self._each(messages)
+        self.histories.put(key, (tuple(messages), out))
+        return out
+
+    def _each(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         newer, out = self.newer, []
         for m in messages:
             kept = newer.get(id(m))
