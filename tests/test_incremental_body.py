@@ -116,7 +116,7 @@ def _check(bodies: IncrementalBodies, model: type[BaseModel], raw: bytes, sessio
 def test_every_body_parses_as_the_whole_body_would(
     first: list[Any], steps: list[tuple[str, list[Any]]], style: int, order: int, tools: bool
 ) -> None:
-    bodies = IncrementalBodies(16, 2**24)
+    bodies = IncrementalBodies(16, 2**24, min_bytes=0)
     dump, temperature = _STYLES[style], 0.5
     history, sent = list(first), []
     raw = dump(_body(history, temperature, order, tools))
@@ -155,7 +155,7 @@ def test_an_appending_session_is_parsed_only_where_new_and_holds_its_parents_mes
             f'{{"model": "m", "messages": [{", ".join(history)}], "logprobs": true}}'.encode()
         )
         history += [_msg(f"answer {turn} ]", "assistant"), _msg(f"tool output {turn}, [x]")]
-    bodies = IncrementalBodies(16, 2**24)
+    bodies = IncrementalBodies(16, 2**24, min_bytes=0)
     requests = _session(bodies, *raws)
     assert (bodies.whole, bodies.reused) == (1, 5)
     for parent, child in zip(requests, requests[1:], strict=False):
@@ -196,13 +196,13 @@ def test_an_appending_session_is_parsed_only_where_new_and_holds_its_parents_mes
     ],
 )  # fmt: skip
 def test_shapes_the_proof_refuses_are_parsed_whole(raws: tuple[bytes, ...]) -> None:
-    bodies = IncrementalBodies(16, 2**24)
+    bodies = IncrementalBodies(16, 2**24, min_bytes=0)
     _session(bodies, *raws)
     _session(bodies, raws[-1] + b" ")  # and nothing kept from them misleads a later body
 
 
 def test_an_invalid_new_message_is_reported_as_the_whole_parse_reports_it() -> None:
-    bodies = IncrementalBodies(16, 2**24)
+    bodies = IncrementalBodies(16, 2**24, min_bytes=0)
     first = b'{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}'
     bad = first[:-2] + b', {"role": "robot", "content": "c"}]}'
     _session(bodies, first, first[:-2] + b', {"role": "user", "content": "c"}]}')
@@ -223,13 +223,13 @@ def test_anthropic_bodies_too() -> None:
         )
         blocks = [*blocks, {"role": "assistant", "content": [{"type": "text", "text": f"a{turn}"}]},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "]"}]}]  # fmt: skip
-    bodies = IncrementalBodies(16, 2**24)
+    bodies = IncrementalBodies(16, 2**24, min_bytes=0)
     _session(bodies, *raws, model=MessagesRequest)
     assert bodies.reused == 3
 
 
 def test_sessions_are_kept_apart_and_bounded() -> None:
-    bodies = IncrementalBodies(2, 2**24)
+    bodies = IncrementalBodies(2, 2**24, min_bytes=0)
     a = b'{"messages": [{"role": "user", "content": "a"}]}'
     a2 = a[:-2] + b', {"role": "user", "content": "a2"}]}'
     bodies.parse(ChatCompletionRequest, a, "s1", "messages")
@@ -238,10 +238,20 @@ def test_sessions_are_kept_apart_and_bounded() -> None:
     for s in ("s3", "s4", "s5"):
         bodies.parse(ChatCompletionRequest, a, s, "messages")
     assert len(bodies._priors._data) == 2  # noqa: SLF001 (the LRU's bound, by sessions)
-    small = IncrementalBodies(16, len(a) * 3 // 2)  # room for one body
+    small = IncrementalBodies(16, len(a) * 3 // 2, min_bytes=0)  # room for one body
     small.parse(ChatCompletionRequest, a, "s1", "messages")
     small.parse(ChatCompletionRequest, a, "s2", "messages")
     assert small._priors.weight <= len(a) * 3 // 2  # noqa: SLF001 (and by bytes)
+
+
+def test_small_bodies_are_parsed_whole_and_keep_nothing() -> None:
+    bodies = IncrementalBodies(16, 2**24, min_bytes=200)
+    small = b'{"messages": [{"role": "user", "content": "a"}]}'
+    large = small[:-2] + b", " + b", ".join([b'{"role": "user", "content": "b"}'] * 8) + b"]}"
+    _session(bodies, small, small[:-2] + b', {"role": "user", "content": "b"}]}')
+    assert bodies._priors.get("s") is None  # noqa: SLF001
+    _session(bodies, large, large[:-2] + b', {"role": "user", "content": "c"}]}')
+    assert (bodies.whole, bodies.reused) == (1, 1)
 
 
 @given(st.binary(max_size=40), st.binary(max_size=40))

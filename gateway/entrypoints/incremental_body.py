@@ -56,11 +56,16 @@ class _Prior:
 class IncrementalBodies:
     """Each session's recent bodies (LRU by session, bounded in count and bytes)."""
 
-    def __init__(self, max_sessions: int, max_bytes: int, per_session: int = 4) -> None:
+    def __init__(
+        self, max_sessions: int, max_bytes: int, per_session: int = 4, min_bytes: int = 16384
+    ) -> None:
         self._priors: LRU[str, list[_Prior]] = LRU(
             max_sessions, max_weight=max_bytes, weigh=lambda ps: sum(len(p.body) for p in ps)
         )
         self.per_session = per_session
+        # smaller bodies are parsed whole: that costs ~1 us a kB, less than the compares,
+        # the proof and the bookkeeping below (a session's first turns, short sessions)
+        self.min_bytes = min_bytes
         self.reused = 0  # bodies parsed only where new
         self.whole = 0  # bodies parsed whole
 
@@ -69,24 +74,23 @@ class IncrementalBodies:
     ) -> tuple[Any, str]:
         """(the validated request, `request_hash(raw)`); raises what `model_validate_json`
         raises for a bad body."""
-        if history is not None:
-            priors = self._priors.get(session_id) or []
-            for i, prior in enumerate(priors):
-                done = self._extend(prior, raw, model, history)
-                if done is not None:
-                    request, digest, child = done
-                    self.reused += 1
-                    # the child stands for its parent from now on: a body is sent once
-                    self._keep(session_id, [child, *priors[:i], *priors[i + 1 :]])
-                    return request, digest
+        if history is None or len(raw) < self.min_bytes:
+            return model.model_validate_json(raw), request_hash(raw)
+        priors = self._priors.get(session_id) or []
+        for i, prior in enumerate(priors):
+            done = self._extend(prior, raw, model, history)
+            if done is not None:
+                request, digest, child = done
+                self.reused += 1
+                # the child stands for its parent from now on: a body is sent once
+                self._keep(session_id, [child, *priors[:i], *priors[i + 1 :]])
+                return request, digest
         request = model.model_validate_json(raw)
         self.whole += 1
-        digest = request_hash(raw)
-        items = getattr(request, history) if history is not None else None
+        items = getattr(request, history)
         if isinstance(items, list) and items:
-            priors = self._priors.get(session_id) or []
             self._keep(session_id, [_Prior(raw, items), *priors])
-        return request, digest
+        return request, request_hash(raw)
 
     def _keep(self, session_id: str, priors: list[_Prior]) -> None:
         self._priors.put(session_id, priors[: self.per_session])
