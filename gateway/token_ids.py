@@ -34,8 +34,8 @@ class TokenIds(Sequence[int]):
         self._chunks: tuple[list[int], ...] = (first,)
         self._len = len(first)
         self._flat: list[int] | None = first  # all ids in one list, once someone needs it
-        # the first `_json_len` ids as JSON arrays of consecutive runs (a parent's, then
-        # each turn's own): written once, shared with the turns built on them
+        # the first `_json_len` ids as JSON in parts (see `json_parts`): written once,
+        # shared with the turns built on them
         self._parts: tuple[bytes, ...] = ()
         self._json_len = 0
 
@@ -45,7 +45,7 @@ class TokenIds(Sequence[int]):
         copied (short: an answer, new messages' ids). `head`'s JSON is kept for ours."""
         out = cls.__new__(cls)
         parts = tuple(list(p) for p in rest if len(p))
-        if isinstance(head, TokenIds):
+        if type(head) is TokenIds:
             out._chunks = head._chunks + parts
             out._len = head._len + sum(map(len, parts))
             out._parts, out._json_len = head._parts, head._json_len  # see `json_parts`
@@ -54,7 +54,7 @@ class TokenIds(Sequence[int]):
             out._len = sum(map(len, out._chunks))
             out._parts, out._json_len = (), 0
         out._flat = out._chunks[0] if len(out._chunks) == 1 else None
-        if not parts and isinstance(head, TokenIds):
+        if not parts and type(head) is TokenIds:
             out._flat = head._flat
         return out
 
@@ -116,33 +116,33 @@ class TokenIds(Sequence[int]):
         return f"TokenIds({self.flat()!r})"
 
     def json_parts(self) -> tuple[bytes, ...]:
-        """The ids as JSON arrays of consecutive runs, kept: a turn built on this one
-        writes only its own ids. `json_array` joins them into one array."""
-        if self._json_len < self._len:
-            new = self.flat() if self._json_len == 0 else self.tail(self._json_len)
-            self._parts = (*self._parts, orjson.dumps(new))
+        """The ids as JSON, kept in parts (the parent's, then each turn's own ids) whose
+        concatenation + `]` is the array: a turn built on this one writes only its ids."""
+        if self._json_len < self._len or not self._parts:
+            if self._json_len == 0:
+                part = orjson.dumps(self.flat())[:-1]  # "[1,2,3"
+            else:
+                part = b"," + orjson.dumps(self.tail(self._json_len))[1:-1]  # ",4,5"
+            self._parts = (*self._parts, part) if self._json_len else (part,)
             self._json_len = self._len
         return self._parts
 
 
-def json_array(ids: Sequence[int]) -> list[bytes | memoryview]:
-    """Pieces whose concatenation is `ids` as one JSON array: a `TokenIds`' kept parts
-    (not copied until the body they go into is joined), else the list written now."""
-    parts = ids.json_parts() if isinstance(ids, TokenIds) else (orjson.dumps(list(ids)),)
-    pieces: list[bytes | memoryview] = [b"["]
-    for part in parts:
-        if len(pieces) > 1:
-            pieces.append(b",")
-        pieces.append(memoryview(part)[1:-1])
-    pieces.append(b"]")
-    return pieces
+def json_array(ids: Sequence[int]) -> bytes:
+    """`ids` as one JSON array (a `TokenIds`' kept parts joined)."""
+    return b"".join((*_parts(ids), b"]"))
 
 
 def json_object_with_ids(key: str, ids: Sequence[int], rest: bytes) -> bytes:
     """`{"<key>": ids, ...rest}` as JSON (`rest`: the other fields as a JSON object),
     copied once: a 40k-token prompt's JSON goes into the body as it was kept."""
-    head = b"".join((b'{"', key.encode(), b'":'))
-    tail: tuple[bytes | memoryview, ...] = (
-        (b",", memoryview(rest)[1:]) if len(rest) > 2 else (b"}",)
-    )
-    return b"".join((head, *json_array(ids), *tail))
+    head = b'{"%s":' % key.encode()
+    if len(rest) <= 2:  # {}
+        return b"".join((head, *_parts(ids), b"]}"))
+    return b"".join((head, *_parts(ids), b"],", memoryview(rest)[1:]))
+
+
+def _parts(ids: Sequence[int]) -> tuple[bytes, ...]:
+    if type(ids) is TokenIds:
+        return ids.json_parts()
+    return (orjson.dumps(list(ids))[:-1],)
