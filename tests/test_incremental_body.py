@@ -235,6 +235,11 @@ def test_sessions_are_kept_apart_and_bounded() -> None:
     bodies.parse(ChatCompletionRequest, a, "s1", "messages")
     _check(bodies, ChatCompletionRequest, a2, "s2")  # another session's body is not used
     assert bodies.reused == 0
+    b = b'{"max_tokens": 5, "messages": [{"role": "user", "content": "a"}]}'
+    bodies.parse(ChatCompletionRequest, b, "s6", "messages")
+    b2 = b[:-2] + b', {"role": "user", "content": "b2"}]}'
+    assert _check(bodies, MessagesRequest, b2, "s6") is not None  # nor another endpoint's
+    assert bodies.reused == 0
     for s in ("s3", "s4", "s5"):
         bodies.parse(ChatCompletionRequest, a, s, "messages")
     assert len(bodies._priors._data) == 2  # noqa: SLF001 (the LRU's bound, by sessions)
@@ -249,7 +254,7 @@ def test_small_bodies_are_parsed_whole_and_keep_nothing() -> None:
     small = b'{"messages": [{"role": "user", "content": "a"}]}'
     large = small[:-2] + b", " + b", ".join([b'{"role": "user", "content": "b"}'] * 8) + b"]}"
     _session(bodies, small, small[:-2] + b', {"role": "user", "content": "b"}]}')
-    assert bodies._priors.get("s") is None  # noqa: SLF001
+    assert bodies._priors.get(("s", ChatCompletionRequest)) is None  # noqa: SLF001
     _session(bodies, large, large[:-2] + b', {"role": "user", "content": "c"}]}')
     assert (bodies.whole, bodies.reused) == (1, 1)
 

@@ -59,7 +59,8 @@ class IncrementalBodies:
     def __init__(
         self, max_sessions: int, max_bytes: int, per_session: int = 4, min_bytes: int = 16384
     ) -> None:
-        self._priors: LRU[str, list[_Prior]] = LRU(
+        # by (session, request model): a body is built on one its own endpoint validated
+        self._priors: LRU[tuple[str, type], list[_Prior]] = LRU(
             max_sessions, max_weight=max_bytes, weigh=lambda ps: sum(len(p.body) for p in ps)
         )
         self.per_session = per_session
@@ -76,24 +77,25 @@ class IncrementalBodies:
         raises for a bad body."""
         if history is None or len(raw) < self.min_bytes:
             return model.model_validate_json(raw), request_hash(raw)
-        priors = self._priors.get(session_id) or []
+        key = (session_id, model)
+        priors = self._priors.get(key) or []
         for i, prior in enumerate(priors):
             done = self._extend(prior, raw, model, history)
             if done is not None:
                 request, digest, child = done
                 self.reused += 1
                 # the child stands for its parent from now on: a body is sent once
-                self._keep(session_id, [child, *priors[:i], *priors[i + 1 :]])
+                self._keep(key, [child, *priors[:i], *priors[i + 1 :]])
                 return request, digest
         request = model.model_validate_json(raw)
         self.whole += 1
         items = getattr(request, history)
         if isinstance(items, list) and items:
-            self._keep(session_id, [_Prior(raw, items), *priors])
+            self._keep(key, [_Prior(raw, items), *priors])
         return request, request_hash(raw)
 
-    def _keep(self, session_id: str, priors: list[_Prior]) -> None:
-        self._priors.put(session_id, priors[: self.per_session])
+    def _keep(self, key: tuple[str, type], priors: list[_Prior]) -> None:
+        self._priors.put(key, priors[: self.per_session])
 
     def _extend(
         self, prior: _Prior, raw: bytes, model: type[BaseModel], history: str
