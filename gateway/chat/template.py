@@ -381,9 +381,8 @@ class ChatRenderer:
         if parent is not None:
             prompt_ids, output_ids, prefix = parent
             if prefix.starts(text):
-                # one copy of a long session's ids (`a + b + c` made a second, and
-                # freeing it touched every id again: ~0.3 ms at 40k), and the JSON the
-                # parent's were sent to the engine as
+                # the parent's ids shared, not copied, and the JSON they were sent
+                # to the engine as (gateway/token_ids.py)
                 ids = TokenIds.joined(prompt_ids, output_ids, self.encode(text[len(prefix) :]))
                 return Rendered(ids, text, True)
         return Rendered(TokenIds(self.heads.encode(text)), text, False)

@@ -356,8 +356,8 @@ class RemoteEngine(InferenceEngine):
                 if not self._gate.is_set():
                     await self._gate.wait()
                 version_before, update_epoch = self._version, self._updates_started
-                # (the prompt as it is: a long session's ids are copied, and written as
-                # JSON, once; see gateway/token_ids.py)
+                # (the prompt as it is: a long session's ids are shared, not copied, and
+                # written as JSON once; see gateway/token_ids.py)
                 ids = TokenIds.joined(prompt_ids, output) if output else prompt_ids
                 body = self._body(ids, params, len(output), stream)
                 headers = (
