@@ -131,16 +131,7 @@ def request_delta(
     for key, value in request.items():
         old = base.get(key, _MISSING)
         if isinstance(value, list) and isinstance(old, list) and len(old) <= len(value):
-            if all(map(operator.is_, old, value)):  # its parent's very items (see below)
-                if len(old) < len(value):
-                    extend[key] = value[len(old) :]
-                continue
-            new_json = _kept_json(lists_json, key, value)
-            kept = base_json.get(key) if base_json else None
-            old_json = kept[1] if kept is not None and kept[0] == len(old) else None
-            if old_json is None and new_json is not None:
-                old_json = _json_or_none(old)
-            if same_items(old, value, old_json, new_json):
+            if _list_continues(key, old, value, base_json, lists_json):
                 if len(old) < len(value):
                     extend[key] = value[len(old) :]
                 continue
@@ -148,6 +139,25 @@ def request_delta(
             continue
         changed[key] = value
     return {"keys": list(request), "extend": extend, "set": changed}, bool(extend)
+
+
+def _list_continues(
+    key: str,
+    old: list[Any],
+    new: list[Any],
+    base_json: ListsJson | None,
+    lists_json: ListsJson | None,
+) -> bool:
+    """Does `new` start with `old`'s items? Its parent's very objects settle it at once;
+    otherwise compared as JSON (`same_items`), `new`'s written to `lists_json`."""
+    if all(map(operator.is_, old, new)):
+        return True
+    new_json = _kept_json(lists_json, key, new)
+    kept = base_json.get(key) if base_json else None
+    old_json = kept[1] if kept is not None and kept[0] == len(old) else None
+    if old_json is None and new_json is not None:
+        old_json = _json_or_none(old)
+    return same_items(old, new, old_json, new_json)
 
 
 def _kept_json(lists_json: ListsJson | None, key: str, value: list[Any]) -> bytes | None:
