@@ -104,13 +104,8 @@ class IncrementalBodies:
         old = prior.body
         if prior.start == -1:  # not proven yet: find the candidate end, then prove it
             end = common_prefix(old, raw)
-            if (
-                end >= len(old)
-                or len(raw) - (len(old) - end) <= end + 1
-                or old[end] != _CLOSE
-                or raw[end] != _COMMA
-                or not raw.endswith(memoryview(old)[end:])
-            ):
+            # (the bytes checked before the proof, which parses the whole old body)
+            if end >= len(old) or old[end] != _CLOSE or not inserted_at(old, raw, end):
                 return None
             start = history_start(old, history, end)
             if start < 0 or not proves_history(old, start, end, history, len(prior.items)):
@@ -118,17 +113,10 @@ class IncrementalBodies:
                 return None
             prior.start, prior.end = start, end
             prior.state = body_hasher(memoryview(old)[:end])
-        elif prior.start < 0:
+        elif prior.start < 0 or not inserted_at(old, raw, prior.end):
             return None
         start, end = prior.start, prior.end
         new_end = len(raw) - (len(old) - end)  # where the grown history closes
-        if (
-            new_end <= end + 1
-            or raw[end] != _COMMA
-            or not raw.startswith(memoryview(old)[:end])
-            or not raw.endswith(memoryview(old)[end:])
-        ):
-            return None
         added = memoryview(raw)[end + 1 : new_end]
         try:  # whole values only: `[X]` must be an array
             values = orjson.loads(b"".join((b"[", added, b"]")))
@@ -147,6 +135,16 @@ class IncrementalBodies:
         state = h.copy()
         h.update(memoryview(raw)[new_end:])
         return request, body_digest(h), _Prior(raw, items, start, new_end, state)
+
+
+def inserted_at(old: bytes, new: bytes, end: int) -> bool:
+    """Is `new` `old` with `,` + something inserted at `end`? (The rest: `[X]` parses.)"""
+    return (
+        len(new) - (len(old) - end) > end + 1
+        and new[end] == _COMMA
+        and new.startswith(memoryview(old)[:end])
+        and new.endswith(memoryview(old)[end:])
+    )
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
