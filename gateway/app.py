@@ -49,7 +49,7 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
         tokenizer,
         template,
         word_cache_size=config.word_cache_size,
-        message_cache_size=config.message_cache_size,
+        history_cache_size=config.history_cache_size,
     )
     db = open_database(config.database or "turnstile.db")
     repo = Repository(db)

@@ -90,10 +90,10 @@ class GatewayConfig:
         "pre-tokens whose ids the ASCII encoder keeps (two generations, near-LRU; "
         "0: every encode through the Rust tokenizer)",
     )
-    message_cache_size: int = _field(
-        16_384,
-        "messages whose normalised form the chat renderer keeps, so that a long session's "
-        "history is normalised once (two generations, near-LRU)",
+    history_cache_size: int = _field(
+        256,
+        "conversations whose normalised messages the chat renderer keeps (LRU), so that a "
+        "long session's history is normalised once, not on every turn",
     )
     tool_parser: str = _field(
         "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"

@@ -147,14 +147,14 @@ def test_interned_ids_keep_their_values_and_odd_ones_stay(tokenizer) -> None:
     assert renderer.interned(ids)[0] is renderer.interned(list(ids))[0]
 
 
-def test_normalised_messages_are_kept_per_object_and_bounded() -> None:
+def test_normalised_messages_are_kept_per_history_and_bounded() -> None:
     """A history repeated by the next body (the same message objects) is normalised once;
     an edited message is a new object with its own form; the memo stays within bound."""
     from gateway.chat.template import NormalizedMessages, normalize_message
     from gateway.chat.template_traits import TemplateTraits
 
     traits = TemplateTraits(False, True, True, True, False)
-    memo = NormalizedMessages(traits, bound=8)
+    memo = NormalizedMessages(traits, histories=8)
     history = [{"role": "user", "content": f"q{i}"} for i in range(3)]
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     history.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -168,7 +168,7 @@ def test_normalised_messages_are_kept_per_object_and_bounded() -> None:
     assert memo(edited)[0]["content"] == "changed"
     for i in range(40):
         memo([{"role": "user", "content": str(i)}])
-        assert len(memo.newer) + len(memo.older) <= 8
+        assert len(memo.histories) <= 8
     assert memo(grown) == [normalize_message(m, traits) for m in grown]
     # a caller's list grown or changed in place is not mistaken for the one seen before
     grown.append({"role": "user", "content": "appended"})

@@ -125,28 +125,22 @@ def _reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class NormalizedMessages:
-    """`normalize_message` of each message, kept per message object: a session's next
-    body holds its previous one's very messages (incremental_body.py), so a 64-turn
-    history is normalised once, not on every turn (~0.1 ms a turn at 128 messages).
+    """`normalize_message` of a history's messages, kept per history (an LRU keyed by its
+    first message object: a session's): a session's next body holds its previous one's
+    very messages (incremental_body.py), so only its new messages are normalised, not a
+    64-turn history on every turn (~0.1 ms a turn at 128 messages).
 
-    Keyed by `id`, with the message itself kept beside its form so that the id cannot
-    be another object's while the entry lives; and per history (by its first message),
-    so that a history repeating the last one takes those forms in one slice. Two generations of plain dicts (as the
-    ASCII encoder's words): an LRU's bookkeeping per message would cost what it saves.
-    Safe because neither side is changed: recorded requests are not, and a normalised
-    message is only read (templates render in a sandbox that cannot change a dict;
-    `inline_tools` and the harmony renderer copy what they change)."""
+    The history is kept as a tuple of the message objects themselves: their ids cannot
+    be another object's while the entry lives, and a caller's list grown or changed in
+    place is not mistaken for it. Safe because neither side is changed: recorded
+    requests are not, and a normalised message is only read (templates render in a
+    sandbox that cannot change a dict; `inline_tools` and the harmony renderer copy what
+    they change)."""
 
-    def __init__(self, traits: TemplateTraits, bound: int) -> None:
+    def __init__(self, traits: TemplateTraits, histories: int) -> None:
         self.traits = traits
-        self.bound = max(1, bound // 2)
-        self.newer: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-        self.older: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-        # the last history seen after each first message (a session's), with its forms:
-        # a history that repeats it takes them in one slice, without a lookup per message
-        # (a tuple of the messages themselves: a caller may grow its list in place)
         self.histories: LRU[int, tuple[tuple[dict[str, Any], ...], list[dict[str, Any]]]] = LRU(
-            max(1, bound // 64)
+            max(1, histories)
         )
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -154,29 +148,13 @@ class NormalizedMessages:
             return []
         key = id(messages[0])
         last = self.histories.get(key)
-        if last is not None and last[0][0] is messages[0]:
+        done: list[dict[str, Any]] = []
+        if last is not None:
             seen, forms = last
             if len(seen) <= len(messages) and all(map(operator.is_, seen, messages)):
-                out = forms + self._each(messages[len(seen) :])
-                self.histories.put(key, (tuple(messages), out))
-                return out
-        out = self._each(messages)
+                done = forms
+        out = done + [normalize_message(m, self.traits) for m in messages[len(done) :]]
         self.histories.put(key, (tuple(messages), out))
-        return out
-
-    def _each(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        newer, out = self.newer, []
-        for m in messages:
-            kept = newer.get(id(m))
-            if kept is None or kept[0] is not m:
-                kept = self.older.get(id(m))
-                if kept is None or kept[0] is not m:
-                    kept = (m, normalize_message(m, self.traits))
-                if len(newer) >= self.bound:
-                    self.older, newer = newer, {}
-                    self.newer = newer
-                newer[id(m)] = kept
-            out.append(kept[1])
         return out
 
 
@@ -290,10 +268,10 @@ class ChatRenderer:
         tokenizer: PreTrainedTokenizerBase,
         chat_template: str | None = None,
         word_cache_size: int = 65_536,
-        message_cache_size: int = 16_384,
+        history_cache_size: int = 256,
     ) -> None:
         """`word_cache_size`: pre-tokens whose ids the ASCII encoder keeps (0: always the
-        Rust tokenizer); `message_cache_size`: messages whose normalised form is kept."""
+        Rust tokenizer); `history_cache_size`: histories whose normalised messages are kept."""
         self.tokenizer = tokenizer
         self.chat_template: str | None = chat_template or tokenizer.chat_template
         if self.chat_template is None and is_harmony_tokenizer(tokenizer):
@@ -341,7 +319,7 @@ class ChatRenderer:
         alternatives = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
         self._closing = re.compile(rf"\s*(?:{alternatives})")
         self.heads = HeadCache(self.encode, sorted(specials))
-        self._normalized = NormalizedMessages(self.traits, message_cache_size)
+        self._normalized = NormalizedMessages(self.traits, history_cache_size)
 
     def encode(self, text: str) -> list[int]:
         """The tokenizer's ids for `text` (no special tokens added): ASCII text through
