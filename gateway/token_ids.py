@@ -128,11 +128,6 @@ class TokenIds(Sequence[int]):
         return self._parts
 
 
-def json_array(ids: Sequence[int]) -> bytes:
-    """`ids` as one JSON array (a `TokenIds`' kept parts joined)."""
-    return b"".join((*_parts(ids), b"]"))
-
-
 def json_object_with_ids(key: str, ids: Sequence[int], rest: bytes) -> bytes:
     """`{"<key>": ids, ...rest}` as JSON (`rest`: the other fields as a JSON object),
     copied once: a 40k-token prompt's JSON goes into the body as it was kept."""
