@@ -68,7 +68,7 @@ class IncrementalBodies:
         # the proof and the bookkeeping below (a session's first turns, short sessions)
         self.min_bytes = min_bytes
         self.reused = 0  # bodies parsed only where new
-        self.whole = 0  # bodies parsed whole
+        self.whole = 0  # bodies of `min_bytes` or more parsed whole
 
     def parse(
         self, model: type[BaseModel], raw: bytes, session_id: str, history: str | None
