@@ -17,7 +17,7 @@ from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
 from gateway.entrypoints.anthropic.messages import api_router as messages
-from gateway.entrypoints.hot_routes import HotRoutes
+from gateway.entrypoints.hot_routes import GatewayAPI
 from gateway.entrypoints.incremental_body import IncrementalBodies
 from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
@@ -65,7 +65,7 @@ def create_app(
     config: GatewayConfig | None = None,
     engine: InferenceEngine | None = None,
     state: GatewayState | None = None,
-) -> FastAPI:
+) -> GatewayAPI:
     config = config or (state.config if state else GatewayConfig())
     state = state or build_state(config, engine)
 
@@ -92,14 +92,13 @@ def create_app(
             state.recorder.stop()
             state.repo.engine.dispose()  # give a shared PostgreSQL its connections back
 
-    app = FastAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
+    app = GatewayAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
-    # innermost: inside every middleware below
-    app.add_middleware(HotRoutes, api=app, routers=[m.router for m in ROUTERS])
-    install_error_handlers(app)
+    install_error_handlers(app)  # innermost: the unexpected-error catcher
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status
     for module in ROUTERS:
         app.include_router(module.router)
+    app.serve_directly(m.router for m in ROUTERS)
     install_openapi(app)
     return app
