@@ -73,8 +73,9 @@ class KeyRing:
         self.admin_key = admin_key
         self.end_poll_s = end_poll_s
         self.max_age_s = max_age_s  # a backstop: re-read a key this old anyway
+        # by the key itself: a request that hits hashes nothing (the store keeps digests)
         self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
-        self._digests: LRU[str, str] = LRU(cache_size)  # session id -> its key's digest
+        self._keys: LRU[str, str] = LRU(cache_size)  # session id -> its key
         self._ended_since = time.time() - CLOCK_SKEW_S
 
     def is_admin_key(self, key: str | None) -> bool:
@@ -83,14 +84,13 @@ class KeyRing:
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
 
     async def session_for_key(self, key: str) -> SessionInfo | None:
-        digest = hash_key(key)
         now = time.monotonic()
-        hit = self._cache.get(digest)
+        hit = self._cache.get(key)
         if hit is not None and now - hit[0] < self.max_age_s:
             return hit[1]
-        info = await asyncio.to_thread(self.repo.session_by_key_hash, digest)
+        info = await asyncio.to_thread(self.repo.session_by_key_hash, hash_key(key))
         if info is not None:
-            self._put(digest, info, now)
+            self._put(key, info, now)
         return info
 
     async def poll_ended(self) -> None:
@@ -116,16 +116,16 @@ class KeyRing:
         self._ended_since = wall - CLOCK_SKEW_S
 
     def forget(self, session_id: str) -> None:
-        digest = self._digests.pop(session_id)
-        if digest is not None:
-            self._cache.pop(digest)
+        key = self._keys.pop(session_id)
+        if key is not None:
+            self._cache.pop(key)
 
     def remember(self, key: str, info: SessionInfo) -> None:
-        self._put(hash_key(key), info, time.monotonic())
+        self._put(key, info, time.monotonic())
 
-    def _put(self, digest: str, info: SessionInfo, now: float) -> None:
-        self._cache.put(digest, (now, info))
-        self._digests.put(info.id, digest)
+    def _put(self, key: str, info: SessionInfo, now: float) -> None:
+        self._cache.put(key, (now, info))
+        self._keys.put(info.id, key)
 
     async def resolve(
         self, request: Request, *, allow_admin: bool, allow_ended: bool = False

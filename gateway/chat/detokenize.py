@@ -12,14 +12,17 @@ from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any
 
+from gateway.chat.byte_level_decoder import byte_level_decoder
+
 
 def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    """Ids -> text, special tokens kept: the Rust tokenizer's own `decode` where it gives
-    transformers' text (a tokenizer that does not clean up spaces), at about a third of
-    the CPU per call; transformers' `decode` otherwise."""
+    """Ids -> text, special tokens kept. Where the Rust tokenizer's own `decode` gives
+    transformers' text (a tokenizer that does not clean up spaces): a byte-level table
+    (gateway/chat/byte_level_decoder.py) where the tokenizer is byte-level, else the Rust
+    `decode`, at about a third of transformers' CPU per call; transformers' otherwise."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return partial(backend.decode, skip_special_tokens=False)
+        return byte_level_decoder(backend) or partial(backend.decode, skip_special_tokens=False)
     return partial(tokenizer.decode, skip_special_tokens=False)
 
 

@@ -565,13 +565,13 @@ class ServingCore:
     ) -> None:
         """Commit one choice; return only once it is durable (RecordError -> 503).
 
-        Shielded: a client that disconnects does not cancel its record.
+        A client that disconnects does not cancel its record (see `Recorder.record`).
         """
         record = completion_record(
             turn, out, response, finish_reason, answer_hash, tool_parse_failures
         )
         try:
-            await asyncio.shield(self.recorder.record(record))
+            await self.recorder.record(record)
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
             if exc.cause is not None and store_unavailable(exc.cause):

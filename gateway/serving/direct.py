@@ -71,7 +71,7 @@ class DirectRecorder:
         )  # fmt: skip
         response = {"finish_reason": result.finish_reason}
         record = completion_record(turn, out, response, result.finish_reason, completion_id)
-        await asyncio.shield(self.recorder.record(record))
+        await self.recorder.record(record)  # queued: a cancelled caller loses nothing
         return completion_id
 
     async def end_session(self, session_id: str) -> None:

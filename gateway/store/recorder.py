@@ -99,15 +99,17 @@ class Recorder:
             self._thread.join(timeout=30)
             self._thread = None
 
-    async def record(self, record: CompletionRecord) -> None:
-        """Return once `record` is committed; raise RecordError if it could not be."""
+    def record(self, record: CompletionRecord) -> asyncio.Future[None]:
+        """Queue `record`; the future is done once it is committed (RecordError if it
+        could not be). A caller cancelled while it waits loses nothing: the record is
+        queued already, and a plain future (not a task) makes the wait cost no task."""
         row = self._insert.params(record.to_row())
         if self._thread is None:
             raise RecordError("recorder is not running")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((row, loop, fut))
-        await fut
+        return fut
 
     def _run(self) -> None:
         try:

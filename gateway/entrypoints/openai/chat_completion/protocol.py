@@ -73,37 +73,33 @@ class ChatShapes:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._token_text: dict[int, str] = {}
+        # id -> (its text, that text's UTF-8 as a list): the reply's "token" and "bytes".
+        # The lists are shared by every reply that has the token, and never changed.
+        self._tokens: dict[int, tuple[str, list[int]]] = {}
 
     def logprobs(
         self, ids: list[int], logprobs: list[float], top: list[TopLogprobs] | None
     ) -> list[dict[str, Any]]:
         out = []
+        token = self._token
         for k, (tid, lp) in enumerate(zip(ids, logprobs, strict=False)):
-            piece = self._token(tid)
+            piece, raw = token(tid)
             alternatives = []
             if top is not None and k < len(top):
-                alternatives = [
-                    {"token": (alt := self._token(a)), "logprob": alp, "bytes": list(alt.encode())}
-                    for a, alp in top[k]
-                ]
-            out.append(
-                {
-                    "token": piece,
-                    "logprob": lp,
-                    "bytes": list(piece.encode()),
-                    "top_logprobs": alternatives,
-                }
-            )
+                for a, alp in top[k]:
+                    alt, alt_raw = token(a)
+                    alternatives.append({"token": alt, "logprob": alp, "bytes": alt_raw})
+            out.append({"token": piece, "logprob": lp, "bytes": raw, "top_logprobs": alternatives})
         return out
 
-    def _token(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        known = self._tokens.get(token_id)
+        if known is None:
             text = self.tokenizer.decode([token_id])
-            if len(self._token_text) < 200_000:
-                self._token_text[token_id] = text
-        return text
+            known = (text, list(text.encode()))
+            if len(self._tokens) < 200_000:
+                self._tokens[token_id] = known
+        return known
 
     def completion(
         self,
