@@ -14,7 +14,8 @@ chunks are never changed: `joined` copies the parts it is given, which their own
 still grow (an engine's output so far).
 
 Every turn sends the engine its whole prompt as JSON too: the JSON is kept as parts (the
-parent's, then the turn's own ids), and the engine request is joined from them once.
+parent's, then the turn's own ids), and the engine request is written from them as
+they are (gateway/inference/http_client.py), never joined.
 """
 
 from __future__ import annotations
@@ -128,13 +129,16 @@ class TokenIds(Sequence[int]):
         return self._parts
 
 
-def json_object_with_ids(key: str, ids: Sequence[int], rest: bytes) -> bytes:
-    """`{"<key>": ids, ...rest}` as JSON (`rest`: the other fields as a JSON object),
-    copied once: a 40k-token prompt's JSON goes into the body as it was kept."""
+def json_object_with_ids(
+    key: str, ids: Sequence[int], rest: bytes
+) -> tuple[bytes | memoryview, ...]:
+    """`{"<key>": ids, ...rest}` as JSON (`rest`: the other fields as a JSON object), in
+    parts whose concatenation is the object: the HTTP client writes them to the socket
+    as they are, so a 40k-token prompt's JSON is not copied into one body first."""
     head = b'{"%s":' % key.encode()
     if len(rest) <= 2:  # {}
-        return b"".join((head, *_parts(ids), b"]}"))
-    return b"".join((head, *_parts(ids), b"],", memoryview(rest)[1:]))
+        return (head, *_parts(ids), b"]}")
+    return (head, *_parts(ids), b"],", memoryview(rest)[1:])
 
 
 def _parts(ids: Sequence[int]) -> tuple[bytes, ...]:

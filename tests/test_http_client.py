@@ -344,3 +344,26 @@ def test_header_values_cannot_smuggle_lines_and_urls_must_be_http() -> None:
         await c.close()
 
     run(main())
+
+
+def test_a_body_in_parts_arrives_whole() -> None:
+    """A long prompt's JSON is sent as its kept parts (gateway/token_ids.py), not joined."""
+
+    async def main() -> None:
+        server = RawServer(echo)
+        async with server as url:
+            c = client()
+            await c.start()
+            parts = (
+                b'{"input_ids":',
+                b"[1,2,3",
+                b",4,5",
+                b"],",
+                memoryview(b'{"stream":false}')[1:],
+            )
+            r = await c.post(f"{url}/generate", parts)
+            assert r.content == b'{"input_ids":[1,2,3,4,5],"stream":false}'
+            await c.close()
+        assert b"Content-Length: 40\r\n" in server.requests[0][0]
+
+    run(main())

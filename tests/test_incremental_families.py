@@ -73,16 +73,18 @@ def test_incremental_ids_equal_a_full_encode_for_every_family(name, system, firs
     fallbacks = 0
     for answer, user in turns:
         rendered = renderer.render(messages, parent=parent)
-        full = tok.encode(rendered.text, add_special_tokens=False)
+        text = renderer.render_text(messages)  # the whole render, on its own
+        full = tok.encode(text, add_special_tokens=False)
+        assert "".join(rendered.parts) == text
         if rendered.incremental:
             assert rendered.ids == full
         elif parent is not None:
             fallbacks += 1
-        in_context = tok.encode(rendered.text + answer + stop, add_special_tokens=False)
+        in_context = tok.encode(text + answer + stop, add_special_tokens=False)
         assume(in_context[: len(full)] == full)
         output = in_context[len(full) :]
         assume(tok.decode(output, skip_special_tokens=False) == answer + stop)
-        prefix = renderer.text_prefix(rendered.text, output)
+        prefix = renderer.text_prefix(rendered, output)
         parent = (full, output, prefix) if prefix is not None else None
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": user}]
     if name != "gptoss":

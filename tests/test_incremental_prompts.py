@@ -35,20 +35,24 @@ def _session(
     incremental = fallbacks = 0
     for answer, user in turns:
         rendered = renderer.render(messages, parent=parent)
-        full = tok.encode(rendered.text, add_special_tokens=False)
+        text = renderer.render_text(messages)  # the whole render, on its own
+        full = tok.encode(text, add_special_tokens=False)
+        assert "".join(rendered.parts) == text
         if rendered.incremental:
             incremental += 1
             assert rendered.ids == full
+            # SmolLM2's template is message-local: only the new messages were rendered
+            assert len(rendered.parts) > 1 and text.endswith(rendered.text)
         elif parent is not None:
             fallbacks += 1
         # The model's answer, tokenised as it would be in context, ending in <|im_end|>.
-        in_context = tok.encode(rendered.text + answer + "<|im_end|>", add_special_tokens=False)
+        in_context = tok.encode(text + answer + "<|im_end|>", add_special_tokens=False)
         assume(in_context[: len(full)] == full)
         output = in_context[len(full) :]
         # the client sends back the text the model's tokens decode to (a tokenizer that
         # drops control characters could not have produced them)
         assume(tok.decode(output, skip_special_tokens=False) == answer + "<|im_end|>")
-        prefix = renderer.text_prefix(rendered.text, output)
+        prefix = renderer.text_prefix(rendered, output)
         assert prefix is not None  # it ends in the stop token
         parent = (full, output, prefix)
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": user}]
@@ -75,7 +79,7 @@ def test_a_changed_history_falls_back_to_a_full_encode(tokenizer) -> None:
     first = [{"role": "user", "content": "What is 2 + 2?"}]
     r1 = renderer.render(first)
     output = tokenizer.encode("4<|im_end|>", add_special_tokens=False)
-    parent = (r1.ids, output, renderer.text_prefix(r1.text, output))
+    parent = (r1.ids, output, renderer.text_prefix(r1, output))
     edited = [  # the client sends the answer back changed: the parent's text is not a prefix
         *first,
         {"role": "assistant", "content": "four"},
@@ -85,7 +89,7 @@ def test_a_changed_history_falls_back_to_a_full_encode(tokenizer) -> None:
     assert not r2.incremental
     assert r2.ids == tokenizer.encode(r2.text, add_special_tokens=False)
     # an answer cut off by the length limit (no stop token): no child continues it
-    assert renderer.text_prefix(r1.text, output[:-1]) is None
+    assert renderer.text_prefix(r1, output[:-1]) is None
 
 
 def test_the_gateway_builds_later_turns_on_their_parent(fake_gateway, new_session, tokenizer):
@@ -120,13 +124,13 @@ def test_prompt_ids_sent_on_their_parents_json_are_the_same_json(parts) -> None:
     """Each turn's ids go to the engine as the parent's JSON + the new ids' JSON: the
     same bytes as writing the whole list, whatever the parts (empty ones too)."""
     ids, expected = TokenIds(parts[0]), list(parts[0])
-    assert json_object_with_ids("x", ids, b"{}") == orjson.dumps({"x": expected})
+    assert b"".join(json_object_with_ids("x", ids, b"{}")) == orjson.dumps({"x": expected})
     for part in parts[1:]:
         ids = TokenIds.joined(ids, part, [7])
         expected += [*part, 7]
         assert ids == expected
-        assert json_object_with_ids("x", ids, b"{}") == orjson.dumps({"x": expected})
-        body = json_object_with_ids("input_ids", ids, orjson.dumps({"stream": False}))
+        assert b"".join(json_object_with_ids("x", ids, b"{}")) == orjson.dumps({"x": expected})
+        body = b"".join(json_object_with_ids("input_ids", ids, orjson.dumps({"stream": False})))
         assert body == orjson.dumps({"input_ids": expected, "stream": False})
         # and read as a list would be, without flattening for a tail
         assert list(ids) == expected and len(ids) == len(expected)

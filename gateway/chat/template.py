@@ -37,6 +37,7 @@ from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_too
 from gateway.chat.prompt_heads import HeadCache
 from gateway.chat.reasoning_parsers import detect_reasoning_parser
 from gateway.chat.template_traits import TemplateTraits
+from gateway.chat.template_window import message_local
 from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
 from gateway.chat.tools import inline_tools
 from gateway.lru import LRU
@@ -159,29 +160,56 @@ class NormalizedMessages:
 
 
 @dataclass(frozen=True, slots=True)
+class RenderSource:
+    """What a prompt is the template's render of: its messages (the objects, as a
+    tuple: a caller's list grown in place is not mistaken for it), tools and tool choice."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: list[dict[str, Any]] | None
+    tool_choice: Any
+
+
+@dataclass(frozen=True, slots=True)
 class TextPrefix:
     """What a later render must start with to continue a turn's tokens exactly: the
     turn's prompt text, then its output text. Kept whole, not as a digest: `startswith`
     is a memory compare, where hashing a long session's 140 kB cost ~0.2 ms a turn; and
-    as the two texts, not joined (the prompt text is the turn's own: no 140 kB copy)."""
+    in parts, never joined: a windowed render's prompt is its parent's parts + its own
+    new text (no 140 kB copy a turn). `source`: what the prompt was rendered from."""
 
-    prompt: str
-    output: str
+    parts: tuple[str, ...]  # the prompt's text, then the output's (the last part)
+    source: RenderSource | None = None
+    length: int = 0
+
+    @classmethod
+    def of(cls, parts: tuple[str, ...], source: RenderSource | None) -> TextPrefix:
+        return cls(parts, source, sum(map(len, parts)))
+
+    @property
+    def output(self) -> str:
+        return self.parts[-1]
 
     def starts(self, text: str) -> bool:
-        return text.startswith(self.prompt) and text.startswith(self.output, len(self.prompt))
+        at = 0
+        for part in self.parts:
+            if not text.startswith(part, at):
+                return False
+            at += len(part)
+        return True
 
     def __len__(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return self.length
 
 
 @dataclass(slots=True)
 class Rendered:
     ids: list[int]
-    text: str  # the rendered text the ids end with (token_exact: only the new messages')
+    text: str  # the rendered text the ids end with (token_exact, windowed: only the new)
     incremental: bool  # built on the parent's ids (False: a full encode)
     history: str = "template"  # what built it: template | token_exact
     fallback: str | None = None  # why token_exact was asked for and not possible
+    parts: tuple[str, ...] = ()  # the whole prompt's text, in parts (template renders)
+    source: RenderSource | None = None  # what it is the render of (template renders)
 
     @property
     def continues(self) -> bool:
@@ -309,6 +337,13 @@ class ChatRenderer:
         self._compiled = None if self.harmony is not None else _compile_jinja_template(template)
         if self._compiled is not None:
             _remember_safe_attributes(self._compiled.environment)
+        # a template that renders each message on its own: a turn renders only its new
+        # messages (template_window.py); None when it is, else why not
+        self.not_windowed: str | None = (
+            "harmony"
+            if self._compiled is None
+            else message_local(self._compiled.environment, template)
+        )
         self._template_kwargs = dict(tokenizer.special_tokens_map)
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
         # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
@@ -355,15 +390,49 @@ class ChatRenderer:
     ) -> Rendered:
         """Prompt ids and text; on the parent's ids when `parent` (its prompt ids, output
         ids, text prefix) provably starts this render."""
-        text = self.render_text(messages, tools, tool_choice)
+        source = RenderSource(tuple(messages), tools, tool_choice)
         if parent is not None:
             prompt_ids, output_ids, prefix = parent
-            if prefix.starts(text):
-                # the parent's ids shared, not copied, and the JSON they were sent
-                # to the engine as (gateway/token_ids.py)
-                ids = TokenIds.joined(prompt_ids, output_ids, self.encode(text[len(prefix) :]))
-                return Rendered(ids, text, True)
-        return Rendered(TokenIds(self.heads.encode(text)), text, False)
+            new = self._after_parent(source, prefix)
+            if new is not None:  # only the messages from the parent's answer on rendered
+                ids = TokenIds.joined(prompt_ids, output_ids, self.encode(new))
+                return Rendered(ids, new, True, parts=(*prefix.parts, new), source=source)
+        text = self.render_text(messages, tools, tool_choice)
+        if parent is not None and prefix.starts(text):
+            # the parent's ids shared, not copied, and the JSON they were sent
+            # to the engine as (gateway/token_ids.py)
+            ids = TokenIds.joined(prompt_ids, output_ids, self.encode(text[len(prefix) :]))
+            return Rendered(ids, text, True, parts=(text,), source=source)
+        return Rendered(
+            TokenIds(self.heads.encode(text)), text, False, parts=(text,), source=source
+        )
+
+    def _after_parent(self, source: RenderSource, prefix: TextPrefix) -> str | None:
+        """For a message-local template (template_window.py), the text the whole render
+        has after `prefix`, from a render of the first message and the messages from the
+        parent's answer on: `W` = render([m0, mk..]) starts with `H` = render([m0]) + the
+        answer's text exactly when the whole render starts with `prefix`, and what
+        follows is the same. None when that cannot be used (then the whole is rendered):
+        the template is not message-local, the parent's prompt is not a render of this
+        one's first messages with the same tools, or `W` does not start so."""
+        was = prefix.source
+        if self.not_windowed is not None or was is None:
+            return None
+        k, messages = len(was.messages), source.messages
+        if not 0 < k < len(messages) or messages[:k] != was.messages:
+            return None
+        if source.tools != was.tools or source.tool_choice != was.tool_choice:
+            return None
+        first = normalize_message(messages[0], self.traits)
+        later = [normalize_message(m, self.traits) for m in messages[k:]]
+        try:
+            head = self._render_normalized([first], source.tools, source.tool_choice)
+            window = self._render_normalized([first, *later], source.tools, source.tool_choice)
+        except Exception:  # a template that refuses a history this short: render it all
+            return None
+        if not (window.startswith(head) and window.startswith(prefix.output, len(head))):
+            return None
+        return window[len(head) + len(prefix.output) :] or None
 
     def render_token_exact(
         self,
@@ -419,12 +488,12 @@ class ChatRenderer:
             return None, "template_mismatch"
         return tail, ""
 
-    def text_prefix(self, prompt_text: str, output_ids: list[int]) -> TextPrefix | None:
+    def text_prefix(self, prompt: Rendered, output_ids: list[int]) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely
         continue these tokens (the output did not end in a special token)."""
         if not output_ids or output_ids[-1] not in self._special:
             return None
-        return TextPrefix(prompt_text, self.decode(output_ids))
+        return TextPrefix.of((*prompt.parts, self.decode(output_ids)), prompt.source)
 
     def render_text(
         self,
@@ -432,7 +501,11 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
     ) -> str:
-        normalized = self._normalized(messages)
+        return self._render_normalized(self._normalized(messages), tools, tool_choice)
+
+    def _render_normalized(
+        self, normalized: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any
+    ) -> str:
         if self.traits.tools:
             return self._apply(normalized, tools or None)
         call_format = make_tool_parser(self.tool_parser).call_format

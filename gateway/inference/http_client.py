@@ -31,6 +31,10 @@ import httptools
 # a stream's unread bytes above which the socket is no longer read (flow control)
 _HIGH_WATER = 4 * 1024 * 1024
 
+# A request body: bytes, or its parts in order, written to the socket as they are (a
+# long prompt's JSON is kept in parts, gateway/token_ids.py: joining them copied it)
+Body = bytes | tuple[bytes | memoryview, ...]
+
 
 class HTTPFailed(Exception):
     """The request did not complete (connection reset, bad response, ...)."""
@@ -128,7 +132,7 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # ---- one exchange ----------------------------------------------------------------
-    def send(self, data: list[bytes], deadline: float) -> None:
+    def send(self, data: list[bytes | memoryview], deadline: float) -> None:
         """Start a request (its bytes) that must be answered by `deadline` (loop time)."""
         assert self.transport is not None
         self.status = 0
@@ -282,7 +286,7 @@ class EngineHTTP:
     async def post(
         self,
         url: str,
-        body: bytes,
+        body: Body,
         *,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
@@ -293,7 +297,7 @@ class EngineHTTP:
         self,
         method: bytes,
         url: str,
-        body: bytes | None,
+        body: Body | None,
         headers: dict[str, str] | None,
         timeout: float | None,
     ) -> Reply:
@@ -311,7 +315,7 @@ class EngineHTTP:
 
     @asynccontextmanager
     async def stream(
-        self, url: str, body: bytes, *, headers: dict[str, str] | None = None
+        self, url: str, body: Body, *, headers: dict[str, str] | None = None
     ) -> AsyncIterator[StreamReply]:
         slots = self._started()
         async with slots:
@@ -334,7 +338,7 @@ class EngineHTTP:
         self,
         method: bytes,
         url: str,
-        body: bytes | None,
+        body: Body | None,
         headers: dict[str, str] | None,
         timeout: float | None,
     ) -> _Connection:
@@ -342,13 +346,16 @@ class EngineHTTP:
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _target(url)
-        data = [method, target.head, self._headers]
+        data: list[bytes | memoryview] = [method, target.head, self._headers]
         if headers:
             data.append(_header_lines(headers))
         if body is None:
             data.append(b"\r\n")
-        else:
+        elif isinstance(body, bytes):
             data += [b"Content-Length: %d\r\n\r\n" % len(body), body]
+        else:
+            data.append(b"Content-Length: %d\r\n\r\n" % sum(map(len, body)))
+            data += body
         conn = self._idle_connection(target.key)
         if conn is None:
             conn = await self._connect(target.key, url)

@@ -38,7 +38,7 @@ from gateway.inference.base import (
     TokenChunk,
     TopLogprobs,
 )
-from gateway.inference.http_client import ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
+from gateway.inference.http_client import Body, ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
 from gateway.inference.routing import StickyRouter
 from gateway.token_ids import TokenIds
 
@@ -170,14 +170,14 @@ class RemoteEngine(InferenceEngine):
     @abc.abstractmethod
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
-    ) -> bytes:
+    ) -> Body:
         """One generation request; `produced` tokens of it were made already."""
 
     @abc.abstractmethod
     def _segment(
         self,
         url: str,
-        body: bytes,
+        body: Body,
         headers: dict[str, str] | None,
         stream: bool,
         seg: Segment,
@@ -431,7 +431,7 @@ class RemoteEngine(InferenceEngine):
     async def _guarded(
         self,
         url: str,
-        body: bytes,
+        body: Body,
         headers: dict[str, str] | None,
         stream: bool,
         seg: Segment,

@@ -33,7 +33,7 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams
-from gateway.inference.http_client import HTTPFailed
+from gateway.inference.http_client import Body, HTTPFailed
 from gateway.inference.remote import RemoteEngine, Segment, Tokens, as_int, normalize_url
 from gateway.inference.sglang_protocol import (
     dumps,
@@ -98,7 +98,7 @@ class SGLangEngine(RemoteEngine):
 
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
-    ) -> bytes:
+    ) -> Body:
         return generate_body(input_ids, params, produced, stream, send_seed=self.send_seed)
 
     def _raise_if_refused(self, finish: dict[str, Any], url: str, prompt_len: int) -> None:
@@ -107,7 +107,7 @@ class SGLangEngine(RemoteEngine):
     async def _segment(
         self,
         url: str,
-        body: bytes,
+        body: Body,
         headers: dict[str, str] | None,
         stream: bool,
         seg: Segment,

@@ -17,6 +17,7 @@ from gateway.inference.base import (
     SamplingParams,
     TopLogprobs,
 )
+from gateway.inference.http_client import Body
 from gateway.token_ids import json_object_with_ids
 
 # SGLang's own refusals (tokenizer_manager._validate_one_request), so that they become
@@ -32,7 +33,7 @@ TOTAL_TOO_LONG = re.compile(
 
 def generate_body(
     input_ids: list[int], params: SamplingParams, produced: int, stream: bool, send_seed: bool
-) -> bytes:
+) -> Body:
     """A `/generate` request; `produced` tokens of this request were made already."""
     sampling: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens - produced,

@@ -32,6 +32,7 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams
+from gateway.inference.http_client import Body
 from gateway.inference.remote import RemoteEngine, Segment, Tokens, as_int
 from gateway.inference.vllm_protocol import (
     GENERATE_PATH,
@@ -70,13 +71,13 @@ class VLLMEngine(RemoteEngine):
 
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
-    ) -> bytes:
+    ) -> Body:
         return generate_body(input_ids, params, produced, stream)
 
     async def _segment(
         self,
         url: str,
-        body: bytes,
+        body: Body,
         headers: dict[str, str] | None,
         stream: bool,
         seg: Segment,

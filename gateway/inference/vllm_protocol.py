@@ -23,6 +23,7 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import ContextLengthExceeded, EngineError, SamplingParams, TopLogprobs
+from gateway.inference.http_client import Body
 from gateway.inference.remote import as_int
 from gateway.token_ids import json_object_with_ids
 
@@ -40,7 +41,7 @@ PROMPT_TOO_LONG = re.compile(
 
 def generate_body(
     input_ids: list[int], params: SamplingParams, produced: int, stream: bool
-) -> bytes:
+) -> Body:
     """A `/inference/v1/generate` request; `produced` tokens of it were made already."""
     sampling: dict[str, Any] = {
         "max_tokens": params.max_new_tokens - produced,

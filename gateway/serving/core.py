@@ -587,9 +587,9 @@ class ServingCore:
     def _remember(self, turn: Turn, out: ChoiceOutput, answer_hash: str) -> None:
         """Keep the answer for its child: its tokens, its text prefix and its hash state."""
         prefix = None
-        if turn.prompt_text is not None and turn.history != "token_exact":
+        if turn.rendered is not None and turn.history != "token_exact":
             # (a token_exact prompt's text is only its new messages': no prefix to give)
-            prefix = self.renderer.text_prefix(turn.prompt_text, out.output_ids)
+            prefix = self.renderer.text_prefix(turn.rendered, out.output_ids)
         resume = turn.conversation.resume_point(answer_hash) if turn.conversation else None
         output_ids = self.renderer.interned(out.output_ids)  # (see ChatRenderer.interned)
         parent = Parent(

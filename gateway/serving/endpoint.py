@@ -186,6 +186,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             ids,
             body_hash,
             prompt_text=prompt_text,
+            rendered=prompt,
             conversation=conversation,
             continues_parent=continues,
             drift=self.core.drift(parent, prompt_ids) if continues is False else None,

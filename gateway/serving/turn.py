@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from gateway.chat.linking import ConversationHash, Resume
-from gateway.chat.template import TextPrefix
+from gateway.chat.template import Rendered, TextPrefix
 from gateway.inference.base import SamplingParams, TopLogprobs
 from gateway.store.delta import Full, ListsJson
 from gateway.store.records import CompletionRecord
@@ -96,7 +96,10 @@ class Turn:
     ids: list[str]  # completion id of each choice
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
-    prompt_text: str | None = None  # the rendered chat prompt (None: raw ids or text)
+    # the rendered chat prompt's text, or its end (a windowed render: see Rendered.text);
+    # None: raw ids or text
+    prompt_text: str | None = None
+    rendered: Rendered | None = None  # the chat prompt's render (the child's TextPrefix)
     conversation: ConversationHash | None = None  # the messages' hash, for the child's
     # does the prompt start with exactly the parent's prompt + output tokens (None: no
     # parent); where it leaves them, and why
