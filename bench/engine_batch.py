@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.report import write_section
+from bench.report import cpu_name, write_section
 from gateway.inference.base import SamplingParams
 from gateway.inference.embedded import EmbeddedEngine
 from gateway.inference.model_source import resolve_model_dir
@@ -96,10 +96,7 @@ def main() -> None:
     result = asyncio.run(run(args.rounds, args.rows))
     print(json.dumps(result))
     if args.write_docs:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-             if line.startswith("model name")), "unknown CPU",
-        )  # fmt: skip
+        cpu = cpu_name()
         section = "\n".join([
             BEGIN, "",
             f"Measured {dt.date.today()} on {os.cpu_count()} cores ({cpu}), torch "

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
 from bench.procs import Child, Children, can_pin, free_port
-from bench.report import write_section
+from bench.report import cpu_name, write_section
 from bench.store_check import check_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,14 +152,7 @@ def git(*args: str) -> str:
 
 
 def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown CPU",
-    )
+    cpu = cpu_name()
     pkgs = []
     for name in ("fastapi", "uvicorn", "httpx", "tokenizers", "transformers", "uvloop"):
         try:

@@ -1,4 +1,5 @@
-"""Where benchmark figures go: a section of docs/benchmarks.md between two markers."""
+"""Where benchmark figures go: a section of docs/benchmarks.md between two markers, with
+the machine they were measured on."""
 
 from __future__ import annotations
 
@@ -14,3 +15,13 @@ def write_section(path: Path, section: str, begin: str, end: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     path.write_text(text)
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as the figures' sections name the machine."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown CPU"
+    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    return next(names, "unknown CPU")

@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.procs import Child, Children, free_port
-from bench.report import write_section
+from bench.report import cpu_name, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -88,7 +88,7 @@ def section(args: argparse.Namespace, rss: dict[int, float]) -> str:
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     return "\n".join([
         BEGIN, "",
-        f"Measured {when} on {os.cpu_count()} cores ({platform.processor() or 'AMD EPYC'}), "
+        f"Measured {when} on {os.cpu_count()} cores ({cpu_name()}), "
         f"no GPU, Python {platform.python_version()}: `python -m bench.rss --sessions "
         f"{args.sessions} --turns {args.turns} --concurrency {args.concurrency}` "
         "(`turnstile serve --engine fake`, default cache bounds).", "",

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench.report import write_section
+from bench.report import cpu_name, write_section
 
 os.environ.setdefault("MASTER_PORT", "29541")
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
@@ -149,10 +149,7 @@ def main() -> None:
 def doc_section(args: argparse.Namespace, result: dict, begin: str, end: str) -> str:
     """The figures between `begin` and `end`: the plain comparison, or with `--group`
     the shared-prompt one."""
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-         if line.startswith("model name")), "unknown CPU",
-    )  # fmt: skip
+    cpu = cpu_name()
     shared_by = f", prompts shared by {args.group}" if args.group > 1 else ""
     command = (
         f"`python -m bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
