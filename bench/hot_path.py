@@ -514,10 +514,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
     bench = Bench(args)
+    rc = 1
     try:
-        return asyncio.run(bench.main())
+        rc = asyncio.run(bench.main())
+        return rc
     finally:
         bench.children.stop_all()
+        if rc == 0:  # a run's store is ~100 MB: kept only to look into a failed run
+            shutil.rmtree(bench.work, ignore_errors=True)
+        else:
+            print(f"servers' logs and the gateway's store: {bench.work}")
 
 
 if __name__ == "__main__":

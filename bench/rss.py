@@ -19,6 +19,7 @@ import datetime as dt
 import os
 import platform
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -119,6 +120,7 @@ async def main_async(args: argparse.Namespace) -> int:
                           args.turns, args.concurrency, checkpoints)  # fmt: skip
     finally:
         children.stop_all()
+    shutil.rmtree(work, ignore_errors=True)  # the store of 20,000 sessions (kept on a crash)
     ratio = rss[args.sessions] / rss[args.first]
     print(f"RSS {args.sessions} / {args.first} sessions: {ratio:.3f}x")
     if args.write_docs:
