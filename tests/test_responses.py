@@ -245,3 +245,33 @@ def test_a_retry_is_answered_from_the_record(fake_gateway, new_session, stream):
         assert retry.text.count("event: response.completed") == 1
     else:
         assert retry.json()["id"] == first.json()["id"] == record["id"]
+
+
+def test_a_resent_input_history_is_parsed_only_where_new_and_recorded_as_sent(
+    fake_gateway, new_session
+):
+    """An agent that resends its whole `input` list each turn (the Agents SDK without
+    previous_response_id): from the second turn on the body is parsed on its previous
+    one (incremental_body.py), and every turn records exactly the input it sent."""
+    session_id, key = new_session(fake_gateway)
+    client = openai_client(fake_gateway, key)
+    bodies = fake_gateway.app.state.gateway.bodies
+    min_bytes, bodies.min_bytes = bodies.min_bytes, 0  # (these bodies are small)
+    reused, whole = bodies.reused, bodies.whole
+    items: list[dict] = [{"role": "system", "content": "You help. " * 20}]
+    sent, ids = [], []
+    try:
+        for turn in range(6):
+            items.append({"role": "user", "content": f"Step {turn}: " + "a b c " * 30})
+            reply = client.responses.create(model="default", input=items, instructions="Be brief.")
+            sent.append([dict(i) for i in items])
+            ids.append(reply.id)
+            items.append({
+                "type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": reply.output_text}],
+            })  # fmt: skip
+    finally:
+        bodies.min_bytes = min_bytes
+    assert bodies.reused - reused == 5 and bodies.whole - whole == 1
+    for cid, expected in zip(ids, sent, strict=True):
+        assert completion_record(fake_gateway, session_id, cid)["request"]["input"] == expected

@@ -6,4 +6,8 @@ from gateway.entrypoints.openai.responses.protocol import ResponsesRequest
 from gateway.entrypoints.openai.responses.serving import ResponsesServing
 from gateway.entrypoints.openai.route import openai_route
 
-router = openai_route("/responses", ResponsesRequest, ResponsesServing, Response, (404,))
+# `input` as a list: an agent that resends its whole history (the OpenAI Agents SDK, with
+# no previous_response_id) has it parsed only where new (incremental_body.py)
+router = openai_route(
+    "/responses", ResponsesRequest, ResponsesServing, Response, (404,), history="input"
+)
