@@ -411,3 +411,53 @@ def test_error_mid_stream_is_an_anthropic_error_event(gateway_factory, new_sessi
     name, data = events[-1]
     assert name == "error" and data["type"] == "error"
     assert data["error"]["type"] == "timeout_error" and "did not answer" in data["error"]["message"]
+
+
+def test_a_long_history_is_converted_once_and_renders_as_a_whole_conversion(
+    fake_gateway, new_session, http, tokenizer, monkeypatch
+):
+    """A Claude Code session resends its whole history each turn: each message is
+    converted to chat form once (the memo in `MessagesServing.chat_of`), and every turn's
+    prompt is still the template's render of the whole history converted afresh."""
+    from gateway.chat.template import ChatRenderer
+    from gateway.entrypoints.anthropic.messages import protocol as p_
+
+    converted = []
+    for name in ("_user", "_assistant"):
+        real = getattr(p_, name)
+
+        def counting(content, where, *rest, _real=real):  # type: ignore[no-untyped-def]
+            converted.append(where)
+            return _real(content, where, *rest)
+
+        monkeypatch.setattr(p_, name, counting)
+    bodies = fake_gateway.app.state.gateway.bodies
+    min_bytes, bodies.min_bytes = bodies.min_bytes, 0  # (these bodies are small)
+    session_id, key = new_session(fake_gateway)
+    system = "You are an agent. " * 20
+    history: list[dict] = [{"role": "user", "content": "Start."}]
+    ids = []
+    try:
+        for turn in range(6):
+            body = {"model": "claude", "max_tokens": 64, "system": system, "messages": history}
+            reply = post_messages(http, fake_gateway.url, key, body).json()
+            ids.append((reply["id"], [dict(m) for m in history]))
+            history = [
+                *history,
+                {"role": "assistant", "content": reply["content"]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": "ok " * 40},
+                    {"type": "text", "text": f"Go on {turn}."},
+                ]},
+            ]  # fmt: skip
+    finally:
+        bodies.min_bytes = min_bytes
+    assert len(converted) == len(history) - 2  # each message once (the last two unsent)
+    renderer = ChatRenderer(tokenizer)
+    for cid, sent in ids:
+        req = p_.MessagesRequest.model_validate({"model": "claude", "max_tokens": 64,
+                                                 "system": system, "messages": sent})  # fmt: skip
+        chat = p_.to_chat(req, lambda _: None)
+        record = completion_record(fake_gateway, session_id, cid)
+        expected = tokenizer.encode(renderer.render_text(chat), add_special_tokens=False)
+        assert record["prompt_ids"] == expected

@@ -98,19 +98,28 @@ def system_text(system: str | list[dict[str, Any]] | None, param: str = "system"
 
 
 def to_chat(
-    req: CountTokensRequest, tool_arguments: Callable[[str], str | None]
+    req: CountTokensRequest,
+    tool_arguments: Callable[[str], str | None],
+    start: int = 0,
+    head: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The request's system prompt and messages as chat messages.
 
     `tool_arguments(tool_use_id)`: the arguments text the gateway generated for one of
     its own tool calls, used instead of the input the client sends back (clients
     re-serialise it), so that a later turn continues the tokens really generated.
+    `head`: the chat messages of the system prompt and `req.messages[:start]`, converted
+    already (a message's conversion depends only on it and on those arguments, which do
+    not change once generated): only the messages from `start` on are converted.
     """
-    out: list[dict[str, Any]] = []
-    system = system_text(req.system)
-    if system:
-        out.append({"role": "system", "content": system})
-    for i, message in enumerate(req.messages):
+    if head is not None:
+        out = list(head)
+    else:
+        out, start = [], 0
+        system = system_text(req.system)
+        if system:
+            out.append({"role": "system", "content": system})
+    for i, message in enumerate(req.messages[start:], start):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
         role = message.get("role")
@@ -229,10 +238,11 @@ def _unsupported(kind: Any, where: str, role: str) -> APIError:
     )
 
 
-def tool_use_ids(req: CountTokensRequest) -> list[str]:
-    """The ids of the assistant `tool_use` blocks the request sends back."""
+def tool_use_ids(req: CountTokensRequest, start: int = 0) -> list[str]:
+    """The ids of the assistant `tool_use` blocks the request sends back (in
+    `req.messages[start:]`)."""
     ids = []
-    for m in req.messages:
+    for m in req.messages[start:]:
         if (
             isinstance(m, dict)
             and m.get("role") == "assistant"
