@@ -8,9 +8,10 @@ whole prompt), also by their total weight: whichever bound is hit first evicts.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -66,3 +67,34 @@ class LRU(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class HistoryMemo(Generic[V]):
+    """What was computed from a history (a list of message objects), kept per history so
+    that its next, longer version computes only its new part. An agent's next body holds
+    its previous one's very message objects (gateway/entrypoints/incremental_body.py).
+
+    An LRU keyed by the first message object's id, holding the messages themselves as a
+    tuple: their ids cannot be another object's while the entry lives, and a caller's
+    list grown or changed in place is not mistaken for it. Safe because neither side
+    changes a message once it is in a history."""
+
+    def __init__(self, histories: int) -> None:
+        self.histories: LRU[int, tuple[tuple[Any, ...], V]] = LRU(max(1, histories))
+
+    def get(self, messages: Sequence[Any]) -> tuple[int, V] | None:
+        """(how many of `messages` the kept value is of, the value), when a history kept
+        is `messages` or starts it, object for object."""
+        if not messages:
+            return None
+        hit = self.histories.get(id(messages[0]))
+        if hit is None:
+            return None
+        seen, value = hit
+        if len(seen) > len(messages) or not all(map(operator.is_, seen, messages)):
+            return None
+        return len(seen), value
+
+    def put(self, messages: Sequence[Any], value: V) -> None:
+        if messages:
+            self.histories.put(id(messages[0]), (tuple(messages), value))

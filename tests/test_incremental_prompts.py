@@ -171,7 +171,7 @@ def test_normalised_messages_are_kept_per_history_and_bounded() -> None:
     assert memo(edited)[0]["content"] == "changed"
     for i in range(40):
         memo([{"role": "user", "content": str(i)}])
-        assert len(memo.histories) <= 8
+        assert len(memo.memo.histories) <= 8
     assert memo(grown) == [normalize_message(m, traits) for m in grown]
     # a caller's list grown or changed in place is not mistaken for the one seen before
     grown.append({"role": "user", "content": "appended"})

@@ -22,7 +22,6 @@ ends; otherwise the prompt is the template's (a fallback, with its reason).
 from __future__ import annotations
 
 import json
-import operator
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.template_window import message_local
 from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
 from gateway.chat.tools import inline_tools
-from gateway.lru import LRU
+from gateway.lru import HistoryMemo
 from gateway.token_ids import TokenIds
 
 
@@ -126,36 +125,22 @@ def _reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class NormalizedMessages:
-    """`normalize_message` of a history's messages, kept per history (an LRU keyed by its
-    first message object: a session's): a session's next body holds its previous one's
-    very messages (incremental_body.py), so only its new messages are normalised, not a
-    64-turn history on every turn (~0.1 ms a turn at 128 messages).
-
-    The history is kept as a tuple of the message objects themselves: their ids cannot
-    be another object's while the entry lives, and a caller's list grown or changed in
-    place is not mistaken for it. Safe because neither side is changed: recorded
-    requests are not, and a normalised message is only read (templates render in a
-    sandbox that cannot change a dict; `inline_tools` and the harmony renderer copy what
-    they change)."""
+    """`normalize_message` of a history's messages, kept per history (`HistoryMemo`): a
+    session's next body holds its previous one's very messages, so only its new
+    messages are normalised, not a 64-turn history on every turn (~0.1 ms a turn at 128
+    messages). A normalised message is only read (templates render in a sandbox that
+    cannot change a dict; `inline_tools` and the harmony renderer copy what they change)."""
 
     def __init__(self, traits: TemplateTraits, histories: int) -> None:
         self.traits = traits
-        self.histories: LRU[int, tuple[tuple[dict[str, Any], ...], list[dict[str, Any]]]] = LRU(
-            max(1, histories)
-        )
+        self.memo: HistoryMemo[list[dict[str, Any]]] = HistoryMemo(histories)
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not messages:
             return []
-        key = id(messages[0])
-        last = self.histories.get(key)
-        done: list[dict[str, Any]] = []
-        if last is not None:
-            seen, forms = last
-            if len(seen) <= len(messages) and all(map(operator.is_, seen, messages)):
-                done = forms
-        out = done + [normalize_message(m, self.traits) for m in messages[len(done) :]]
-        self.histories.put(key, (tuple(messages), out))
+        n, done = self.memo.get(messages) or (0, [])
+        out = done + [normalize_message(m, self.traits) for m in messages[n:]]
+        self.memo.put(messages, out)
         return out
 
 

@@ -15,9 +15,8 @@ the content blocks and their events (events.py), and two things its clients need
 
 from __future__ import annotations
 
-import operator
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
@@ -30,7 +29,7 @@ from gateway.entrypoints.anthropic.messages.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
-from gateway.lru import LRU
+from gateway.lru import LRU, HistoryMemo
 from gateway.serving.core import ServingCore
 from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
 from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, recorded_request
@@ -78,14 +77,6 @@ class MessageChoice(Choice):
         return self.writer.finish(m["stop_reason"], m["stop_sequence"], m["usage"])
 
 
-class _Converted(NamedTuple):
-    """A history's chat form: the system prompt and messages it was converted from."""
-
-    system: Any
-    messages: tuple[Any, ...]
-    chat: list[dict[str, Any]]
-
-
 class MessagesServing(OpenAIServing[MessagesRequest]):
     endpoint = "messages"
 
@@ -95,8 +86,10 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         self._arguments: LRU[str, dict[str, str]] = LRU(core._recent.max_entries)
         # session id -> the model its agent talks to (a request naming another is a side one)
         self._main_model: LRU[str, str] = LRU(core._recent.max_entries)
-        # a history's chat form, by its first message object (see `chat_of`)
-        self._chats: LRU[int, _Converted] = LRU(core._recent.max_entries)
+        # a history's (system prompt, chat form) (see `chat_of`)
+        self._chats: HistoryMemo[tuple[Any, list[dict[str, Any]]]] = HistoryMemo(
+            core._recent.max_entries
+        )
 
     def validate(self, req: MessagesRequest) -> None:
         check_tool_choice(p_.chat_tool_choice(req.tool_choice), p_.chat_tools(req.tools))
@@ -113,25 +106,15 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         (incremental_body.py), so only its new messages are converted, not a Claude Code
         history of hundreds of blocks every turn (~0.25 ms at 128 messages), and the chat
         messages are the same objects turn after turn: the template's normalised forms,
-        the parent link and the windowed render then take them as they are. Kept per
-        history by its first message object, with the message objects themselves (their
-        ids cannot be reused while the entry lives; neither side changes them)."""
+        the parent link and the windowed render then take them as they are (kept per
+        history: `HistoryMemo`)."""
         start, head = 0, None
-        if req.messages:
-            was = self._chats.get(id(req.messages[0]))
-            if (
-                was is not None
-                and len(was.messages) <= len(req.messages)
-                and was.system == req.system
-                and all(map(operator.is_, was.messages, req.messages))
-            ):
-                start, head = len(was.messages), was.chat
+        hit = self._chats.get(req.messages)
+        if hit is not None and hit[1][0] == req.system:
+            start, (_, head) = hit
         known = await self._tool_arguments(session_id, p_.tool_use_ids(req, start))
         messages = p_.to_chat(req, known.get, start, head)
-        if req.messages:
-            self._chats.put(
-                id(req.messages[0]), _Converted(req.system, tuple(req.messages), messages)
-            )
+        self._chats.put(req.messages, (req.system, messages))
         return messages, p_.chat_tools(req.tools), p_.chat_tool_choice(req.tool_choice)
 
     async def prepare(
