@@ -13,7 +13,12 @@ is. The reward returned as a float goes to the last completion of the session.
 An answer cut off at ``max_tokens`` counts as wrong, whatever its last number: its
 number may be cut too ("The answer is 2" of 25), and a policy that repeats "The answer
 is 28." until the limit would otherwise be paid for it (``require_stop=False`` to
-score such answers all the same).
+score such answers all the same). So does a reply that states two different answers
+("The answer is 3. The answer is 5."). Either is *malformed*, and an episode with a
+malformed reply loses ``malformed_penalty`` (0.2) from its reward: a rambling or
+hedging reply ranks below a clean wrong one, so that the group baseline pushes the
+policy away from the form a collapsing run drifts into (docs/demo-run.md), not only
+towards the right number.
 
 Load it by file path, e.g. ``workflow="agents/math_multi_turn.py:MathMultiTurnAgent"``.
 """
@@ -28,7 +33,8 @@ from openai import AsyncOpenAI
 from trainer.api import import_file
 
 # the example task, loaded by path like the agent itself (agents/ is not a package)
-math_answer_correct = import_file(Path(__file__).with_name("math_task.py")).math_answer_correct
+_task = import_file(Path(__file__).with_name("math_task.py"))
+math_answer_correct, stated_answers = _task.math_answer_correct, _task.stated_answers
 
 
 RETRY_MESSAGE = "Unfortunately your answer is wrong. Let's try again."
@@ -43,6 +49,7 @@ class MathMultiTurnAgent:
         turn_penalty: float = 0.5,
         model: str = "default",
         require_stop: bool = True,
+        malformed_penalty: float = 0.2,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -52,6 +59,7 @@ class MathMultiTurnAgent:
         self.turn_penalty = turn_penalty
         self.model = model
         self.require_stop = require_stop
+        self.malformed_penalty = malformed_penalty
 
     async def run(self, data: dict, **extra_kwargs) -> float:
         http_client = extra_kwargs.get("http_client")
@@ -72,6 +80,7 @@ class MathMultiTurnAgent:
         messages = [dict(m) for m in data["messages"]]
         answer = str(data["answer"])
         reward = 1.0
+        malformed = False
         for _ in range(self.max_turns):
             response = await client.chat.completions.create(
                 model=self.model,
@@ -82,9 +91,11 @@ class MathMultiTurnAgent:
             choice = response.choices[0]
             content = choice.message.content or ""
             cut = self.require_stop and choice.finish_reason == "length"
-            if not cut and math_answer_correct(content, answer):
-                return reward
+            hedged = len(stated_answers(content)) > 1
+            malformed = malformed or cut or hedged
+            if not (cut or hedged) and math_answer_correct(content, answer):
+                return reward - self.malformed_penalty * malformed
             messages.append({"role": "assistant", "content": content})
             messages.append({"role": "user", "content": RETRY_MESSAGE})
             reward *= self.turn_penalty
-        return 0.0
+        return 0.0 - self.malformed_penalty * malformed

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -167,6 +168,23 @@ def math_answer_correct(response_text: str, answer: str) -> bool:
         raise
     except BaseException:  # math-verify's TimeoutException is a BaseException
         return False
+
+
+_STATED_ANSWER = re.compile(
+    r"answer\s+is\s*:?\s*\$?(?:\\boxed\{)?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE
+)
+
+
+def stated_answers(response_text: str) -> set[str]:
+    """The distinct numbers a reply states as "the answer is N" (any case, optional
+    colon, `$` or `\\boxed{`). More than one is a hedge ("The answer is 3. The answer is
+    5."): the last-number check would pay for it whenever the last guess is right."""
+    if not isinstance(response_text, str):
+        return set()
+    return {
+        m.group(1).rstrip("0").rstrip(".") if "." in m.group(1) else m.group(1)
+        for m in _STATED_ANSWER.finditer(response_text[-MAX_RESPONSE_CHARS:])
+    }
 
 
 class MathSingleStepEnv(EnvironmentService):

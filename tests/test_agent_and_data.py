@@ -240,6 +240,36 @@ def test_agent_reward_and_retry(monkeypatch):
     # an answer cut off at max_tokens is wrong, right number or not, unless asked not to
     cut = ("The answer is 5. The answer is 5. The answer is", "length")
     reward, calls, _, _ = _run_agent(monkeypatch, [cut, "The answer is 5."])
-    assert reward == 0.5 and len(calls) == 2
+    assert reward == pytest.approx(0.5 - 0.2) and len(calls) == 2  # right, after a malformed try
     reward, _, _, _ = _run_agent(monkeypatch, [cut], require_stop=False)
     assert reward == 1.0
+
+
+def test_a_rambling_or_hedging_reply_ranks_below_a_clean_wrong_one(monkeypatch):
+    """The demo's reward orders the forms a collapsing run drifts into below a clean
+    wrong answer, so a group holding both pushes away from them (#30)."""
+    clean_wrong, _, _, _ = _run_agent(monkeypatch, ["2 + 3 = 6. The answer is 6."], max_turns=1)
+    hedged, _, _, _ = _run_agent(monkeypatch, ["The answer is 3. The answer is 5."], max_turns=1)
+    rambling, _, _, _ = _run_agent(monkeypatch, [("The answer is 5 and", "length")], max_turns=1)
+    right, _, _, _ = _run_agent(monkeypatch, ["2 + 3 = 5. The answer is 5."], max_turns=1)
+    assert (right, clean_wrong, hedged, rambling) == (1.0, 0.0, -0.2, -0.2)
+    # a hedge that ends on the right number is not paid for the right number
+    assert hedged < clean_wrong
+    unpenalised, _, _, _ = _run_agent(
+        monkeypatch, ["The answer is 3. The answer is 5."], max_turns=1, malformed_penalty=0.0
+    )
+    assert unpenalised == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, stated",
+    [
+        ("The answer is 3. The answer is 5. The Answer is 5", {"3", "5"}),
+        ("2 + 3 = 5. The answer is 5.", {"5"}),
+        ("The final answer is: $\\boxed{12}$", {"12"}),
+        ("The answer is 5.0, so the answer is 5", {"5"}),
+        ("Tom has 5 apples.", set()),
+    ],
+)
+def test_stated_answers(text, stated):
+    assert MATH_TASK.stated_answers(text) == stated

@@ -294,6 +294,90 @@ def test_run_page_charts_metrics_and_refreshes(gateway, run_dir, page, tmp_path)
     screenshot(page, tmp_path, "viewer-run")
 
 
+# the trainer's per-step signals at the magnitudes a real run has them (KL 1e-4, logprob
+# mismatch 1e-5, a learning rate decaying from 3e-5), and two held-out evaluations
+SIGNAL_ROWS = [
+    {"step": s, "reward_mean": 0.3, "approx_kl": 1e-4 * s, "clip_frac": 2e-4 * s,
+     "entropy": 1.2 - 0.1 * s, "kl_ref": 1e-4 * s, "logprob_mismatch": 1e-5 + 5e-6 * (s - 1),
+     "answer_tokens_mean": 180.0 + 12 * s, "truncated_frac": 0.05 * s, "repetition": 0.02 * s,
+     "zero_spread_frac": 0.25, "lr": 3e-5 * (1 - 0.15 * (s - 1))}
+    for s in (1, 2, 3, 4, 5)
+]  # fmt: skip
+SIGNAL_EVALS = [
+    {"step": 0, "accuracy": 0.375, "accuracy_ci": [0.296, 0.461], "reward_mean": 0.375},
+    {"step": 5, "accuracy": 0.5, "accuracy_ci": [0.414, 0.586], "reward_mean": 0.5},
+]
+# what the page shows of each chart: its series, data, bands and y axes (uPlot draws the
+# tick labels into the canvas; `_splits` / `_values` are the ticks and labels it drew)
+PLOTS_JS = """() => Object.fromEntries(Object.entries(window.runPlots).map(([id, {plot}]) => [id, {
+  series: plot.series.slice(1).map((s) => ({label: s.label, scale: s.scale})),
+  data: plot.data, bands: (plot.bands || []).map((b) => b.series),
+  y: plot.axes.slice(1).map((a) => ({scale: a.scale, splits: a._splits, labels: a._values,
+    size: a._size, min: plot.scales[a.scale].min, max: plot.scales[a.scale].max})),
+}]))"""
+
+
+def test_run_page_charts_training_signals_with_readable_small_ticks(
+    gateway_factory, page, tmp_path
+):
+    """The trainer's signals each have a chart; tiny values (KL ~1e-4, mismatch ~1e-5,
+    lr ~1e-5) get tick labels that tell ticks apart and read as their values (they all
+    read "0" with uPlot's own labels); held-out accuracy is drawn with its interval."""
+    run = tmp_path / "signals-run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SIGNAL_ROWS))
+    (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in SIGNAL_EVALS))
+    gw = gateway_factory({"run_dirs": [str(run)]})
+    page.goto(f"{_ui(gw)}/runs/0")
+    page.wait_for_selector("#status[data-steps='5']")
+    titles = page.eval_on_selector_all(".chart h2", "hs => hs.map(h => h.textContent)")
+    for title in (
+        "Held-out accuracy",
+        "Entropy and KL to the start",
+        "Answers: cut off, repeated, groups with no spread",
+        "Answer length (tokens)",
+        "Sampler vs trainer logprob mismatch",
+        "Learning rate",
+        "KL and clip fraction",
+    ):
+        assert title in titles
+    assert page.locator(".chart canvas").count() == len(titles)  # uPlot drew each
+    plots = page.evaluate(PLOTS_JS)
+
+    def labels(pid: str) -> list[str]:
+        return [s["label"] for s in plots[pid]["series"]]
+
+    entropy = plots["entropy-and-kl-to-the-start"]
+    assert entropy["series"] == [{"label": "entropy", "scale": "y"}, {"label": "kl_ref", "scale": "right"}]  # fmt: skip
+    assert [a["scale"] for a in entropy["y"]] == ["y", "right"]  # KL on its own axis
+    assert labels("answers-cut-off-repeated-groups-with-no-spread") == ["truncated_frac", "repetition", "zero_spread_frac"]  # fmt: skip
+    assert labels("answer-length-tokens-") == ["answer_tokens_mean"]
+    assert labels("sampler-vs-trainer-logprob-mismatch") == ["logprob_mismatch"]
+    assert labels("learning-rate") == ["lr"]
+
+    for pid in (
+        "kl-and-clip-fraction",
+        "entropy-and-kl-to-the-start",
+        "sampler-vs-trainer-logprob-mismatch",
+        "learning-rate",
+    ):
+        for axis in plots[pid]["y"]:
+            splits, shown = axis["splits"], axis["labels"]
+            assert len(shown) >= 2 and len(set(shown)) == len(shown), (pid, shown)
+            incr = splits[1] - splits[0]
+            for split, label in zip(splits, shown, strict=True):
+                assert label != "0" or split == 0, (pid, shown)
+                assert float(label) == pytest.approx(split, abs=incr / 10), (pid, shown)
+            assert axis["size"] >= 6 * max(map(len, shown)) + 10, (pid, shown)  # not cut off
+
+    held_out = plots["held-out-accuracy"]
+    assert labels("held-out-accuracy") == ["accuracy", "accuracy_ci_lo", "accuracy_ci_hi"]
+    assert held_out["data"] == [[0, 5], [0.375, 0.5], [0.296, 0.414], [0.461, 0.586]]
+    assert held_out["bands"] == [[3, 2]]  # shaded between hi and lo
+    assert (held_out["y"][0]["min"], held_out["y"][0]["max"]) == (0, 1)
+    screenshot(page, tmp_path, "viewer-run-signals", full_page=True)
+
+
 def test_tool_calls_shown_as_such(fake_gateway, new_session, browser):
     """Fast: a scripted tool call from the fake engine is listed as a call."""
     sid, key = new_session(fake_gateway)

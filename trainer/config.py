@@ -52,6 +52,18 @@ class TrainConfig:
     adv_norm: str = "group"  # group | batch | none
     # updates over which the learning rate rises linearly to `lr` (0: full from the first)
     warmup_steps: int = 0
+    # After warm-up: "constant", or "cosine" down to `min_lr_ratio` x `lr` at the last
+    # update. Guards against late drift: a policy that has found the task keeps moving
+    # at full rate unless the rate falls, which is where a demo run collapsed (#30).
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.1
+    # Updates the cosine spans; 0: the run's own (total_steps x ppo_n_minibatches).
+    lr_decay_steps: int = 0
+    # Weight of the KL penalty to the starting policy (the k3 estimator per trained
+    # token, as TRL's GRPO `beta`). Nothing else pulls a policy back once every group
+    # scores the same; with it > 0 every sample is trained, zero-advantage ones too, so
+    # the pull acts on them. The KL itself is measured and logged even at 0.
+    kl_coef: float = 0.0
     # Optimizer updates per training step (AReaL's `ppo_n_minibatches`): the step's
     # samples are split into this many parts, each one update, PPO-clipped against the
     # policy that generated them. More learning per rollout, at little extra compute.
@@ -62,6 +74,17 @@ class TrainConfig:
             raise ConfigError(f"train.ppo_n_minibatches must be >= 1, got {self.ppo_n_minibatches}")
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(
+                f"train.lr_schedule must be constant or cosine, got {self.lr_schedule!r}"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.kl_coef < 0 or self.lr_decay_steps < 0:
+            raise ConfigError(
+                f"train.kl_coef and train.lr_decay_steps must be >= 0; got {self.kl_coef}, "
+                f"{self.lr_decay_steps}"
+            )
 
     # A DeepSpeedEngine subclass ("module.Class" / "file.py:Class") to train with, and
     # optionally its method that replaces the built-in actor: it gets each step's padded

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import secrets
 import shutil
@@ -32,6 +33,7 @@ from trainer.algorithm import PPOActor, get_advantage, get_loss, to_sequences
 from trainer.backend import DeepSpeedEngine, distributed, pad_sequences
 from trainer.config import TrainerConfig, load_config
 from trainer.datasets import load_dataset
+from trainer.health import CollapseWatch, answer_signals
 from trainer.loading import WorkflowError, import_files, load_class, make_workflow
 from trainer.malloc import limit_arenas, release_free_memory
 from trainer.rollout.agent_runner import Episode
@@ -56,6 +58,10 @@ class TrainResult:
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out, in step order
     stopped_early: bool = False  # the time budget ended training before total_steps
+    # with eval.every: the evaluation with the best held-out accuracy (step 0: the base
+    # policy) and the folder its weights were kept in (None while the base was best)
+    best_eval: dict[str, Any] | None = None
+    best_checkpoint: Path | None = None
     wall_s: float = 0.0  # from the call to `train` to its end, start-up included
 
 
@@ -73,6 +79,7 @@ class Trainer:
         self.version = 0
         self._stopped_early = False
         self._started = time.perf_counter()
+        self._best: tuple[dict[str, Any], Path | None] | None = None
 
     # ---- public ----------------------------------------------------------------------
     def train(
@@ -166,6 +173,7 @@ class Trainer:
             list(runlog.evals),
             self._stopped_early,
             time.perf_counter() - self._started,
+            *(self._best or (None, None)),
         )
 
     def evaluate(self, workflow: Any = None, checkpoint: str | Path | None = None) -> Any:
@@ -174,8 +182,6 @@ class Trainer:
         Needs no DeepSpeed: only the gateway and the agent. Writes
         `<run_dir>/eval-<checkpoint name or "base">.json` and returns the EvalResult.
         """
-        import json
-
         from gateway.inference.model_source import resolve_model_dir
 
         cfg = self.config
@@ -310,6 +316,10 @@ class Trainer:
         if t.step_method is None:  # an unknown loss or estimator fails before the model loads
             get_loss(t.loss)
             get_advantage(t.advantage)
+        if t.lr_decay_steps == 0:  # the cosine spans the run's own updates
+            from dataclasses import replace
+
+            t = replace(t, lr_decay_steps=self.config.total_steps * t.ppo_n_minibatches)
         policy = cls(model_dir, t, self.config.device)
         self.actor = PPOActor(policy, t) if t.step_method is None else None
         return policy
@@ -366,6 +376,8 @@ class Trainer:
                     return
                 runlog.append_eval(result.to_dict())
                 tqdm.write(f"held-out eval after {steps_done} steps: {result.summary()}")
+                if cfg.eval.every:
+                    await loop.run_in_executor(train_thread, self._keep_best, result.to_dict())
 
             if evaluator is not None and evaluator.due(start_step):
                 await evaluate(start_step)
@@ -384,6 +396,7 @@ class Trainer:
                 dynamic_ncols=True,
             )  # fmt: skip
             step_times: list[float] = []
+            watch = CollapseWatch()
             try:
                 for step in range(start_step, cfg.total_steps):
                     if self._over_budget(started, step_times, evaluator):
@@ -407,14 +420,17 @@ class Trainer:
                     runlog.append(row)
                     step_times.append(row["step_s"])
                     bar.update(1)
-                    bar.set_postfix(
-                        reward="n/a" if row["reward_mean"] is None else f"{row['reward_mean']:.3f}",
-                        tokens=int(row.get("trained_tokens", 0)),
-                    )
+                    bar.set_postfix(_postfix(row))
+                    warning = watch.check(row)
+                    if warning:
+                        tqdm.write(warning)
+                        log.warning(warning)
                     if evaluator is not None and evaluator.due(step + 1):
                         await evaluate(step + 1)
                 await controller.stop()  # the final evaluation has the engine to itself
                 await evaluate(start_step + len(step_times))
+                if self._best is not None:
+                    tqdm.write(self._best_line())
             finally:
                 bar.close()
                 await controller.stop()
@@ -426,6 +442,31 @@ class Trainer:
                             await result
                 await loop.run_in_executor(train_thread, self._train_step, {"stop": True})
                 train_thread.shutdown()
+
+    def _keep_best(self, result: dict[str, Any]) -> None:
+        """With `eval.every`: keep the weights of the best held-out accuracy so far in
+        <run_dir>/checkpoint-best (with best.json saying which step). Later steps can
+        be worse than earlier ones; a user should not have to guess which to keep."""
+        best = self._best[0] if self._best else None
+        if best is not None and result["accuracy"] <= best["accuracy"]:
+            return
+        folder = None
+        if result["step"] > 0 and self.policy.world > 1 and self.config.train.zero_stage == 3:
+            log.warning("best checkpoint not kept: ZeRO-3 gathers weights on every rank")
+        elif result["step"] > 0:
+            folder = Path(self.config.run_dir) / "checkpoint-best"
+            self.policy.save_hf(folder, self.gateway.state.renderer.tokenizer)
+            (folder / "best.json").write_text(json.dumps(result, indent=2))
+        self._best = (result, folder)
+
+    def _best_line(self) -> str:
+        best, folder = self._best  # type: ignore[misc]
+        lo, hi = best["accuracy_ci"]
+        where = f"kept in {folder}" if folder else "the base policy; no trained step beat it"
+        return (
+            f"best held-out accuracy: {best['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] after "
+            f"{best['step']} steps, {where}"
+        )
 
     def _announce_estimate(self, start_step: int, evaluating: bool) -> None:
         """Time a short forward+backward and say how long the run should take here."""
@@ -627,11 +668,20 @@ class Trainer:
                 int((s.get("meta") or {}).get("concat_fallbacks", 0)) for s in samples
             )
             row["concat_samples"] = len(samples)
+        row.update(answer_signals(samples))
         row.update(stats or {})
         if row.get("train_s"):  # throughput of the update itself (the run page charts it)
             row["packed_tokens_per_s"] = row.get("packed_tokens", 0.0) / row["train_s"]
             row["trained_tokens_per_s"] = row.get("trained_tokens", 0.0) / row["train_s"]
         return row
+
+
+def _postfix(row: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's view of a step: reward and the collapse signals."""
+    shown = {"reward": "reward_mean", "ent": "entropy", "kl": "kl_ref", "cut": "truncated_frac"}
+    return {
+        name: "n/a" if row.get(key) is None else f"{row[key]:.3g}" for name, key in shown.items()
+    }
 
 
 def _is_number(value: Any) -> bool:

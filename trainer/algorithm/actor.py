@@ -16,7 +16,14 @@ import torch
 
 from trainer.algorithm.advantages import get_advantage
 from trainer.algorithm.losses import get_loss
-from trainer.backend import LossFn, TrainEngine, next_token_logprobs, predicting_positions
+from trainer.backend import (
+    LossFn,
+    TrainEngine,
+    forward_logits,
+    next_token_entropy,
+    next_token_logprobs,
+    predicting_positions,
+)
 from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -82,14 +89,25 @@ class PPOActor:
         self.cfg = cfg
         self.advantage = get_advantage(cfg.advantage)
         self.loss = get_loss(cfg.loss)
+        # the starting policy, for the KL penalty and the KL signal (logged at kl_coef 0
+        # too); an engine that cannot copy itself has no reference and logs no KL
+        copy = getattr(engine, "frozen_copy", None)
+        self.reference = copy() if copy is not None else None
 
     def train(self, batch: Batch, version: int) -> dict[str, float]:
         """One optimizer step; `version` is the policy version being trained (pre-step)."""
         mask = batch["loss_mask"] > 0
         advantages = self.advantage(batch, self.cfg).float() * mask
-        # samples with zero advantage add nothing to the gradient; skip their compute
+        # samples with zero advantage add nothing to the policy gradient; skip their
+        # compute, unless a KL penalty is to pull on them too
         keep = (advantages.abs() > 1e-8).any(dim=1)
-        stats = {"num_samples": float(len(keep)), "num_trained_samples": float(keep.sum())}
+        if self.cfg.kl_coef > 0 and self.reference is not None:
+            keep = torch.ones_like(keep)
+        stats = {
+            "num_samples": float(len(keep)),
+            "num_trained_samples": float(keep.sum()),
+            "zero_spread_frac": zero_spread_share(batch["returns"], batch["group"]),
+        }
         batch = {**{k: v[keep] for k, v in batch.items()}, "advantages": advantages[keep]}
         stats.update(staleness_stats(batch, version))
         if not keep.any():
@@ -108,7 +126,10 @@ class PPOActor:
             self.engine.train_batch(part, loss_fn, _trained_tokens)
             for part in _split_rows(batch, parts)
         ]
-        return {**stats, **_merge(results), "updates": float(parts)}
+        merged = _merge(results)
+        if "logprob_mismatch" in results[0]:  # only the first update runs the sampler's weights
+            merged["logprob_mismatch"] = results[0]["logprob_mismatch"]
+        return {**stats, **merged, "updates": float(parts)}
 
     def _logprobs(self, batch: Batch) -> torch.Tensor:
         """(B, L) logprobs of `batch` under the current weights, without gradients."""
@@ -139,9 +160,52 @@ class PPOActor:
                 # same numbers). With several updates they were computed beforehand.
                 mb = {**mb, "prox_logprobs": logprobs.detach()}
             loss_sum, stats = self.loss(logprobs, mb, self.cfg)
-            return loss_sum / mb["loss_mask"].sum().clamp(min=1), stats
+            signals, kl = self._signals(logits, logprobs, mb)
+            if self.cfg.kl_coef > 0 and kl is not None:
+                loss_sum = loss_sum + self.cfg.kl_coef * kl.sum()
+            return loss_sum / mb["loss_mask"].sum().clamp(min=1), {**stats, **signals}
 
         return loss_fn
+
+    def _signals(
+        self, logits: torch.Tensor, logprobs: torch.Tensor, mb: Batch
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
+        """Per micro-batch, means over its trained tokens of what shows a collapse coming
+        (entropy, KL to the start, sampler-vs-trainer mismatch), and the per-token KL
+        (k3, with gradient) the penalty adds, or None without a reference."""
+        mask = mb["loss_mask"].float()
+        n = mask.sum().clamp(min=1)
+        with torch.no_grad():
+            entropy = next_token_entropy(logits.detach(), mb)
+            signals = {
+                "entropy": float((entropy * mask).sum() / n),
+                "logprob_mismatch": float(
+                    ((logprobs.detach() - mb["logprobs"]).abs() * mask).sum() / n
+                ),
+            }
+        if self.reference is None:
+            return signals, None
+        with torch.no_grad():
+            ref = next_token_logprobs(forward_logits(self.reference, mb), mb)
+        kl = kl_k3(logprobs, ref) * mask
+        signals["kl_ref"] = float(kl.detach().sum() / n)
+        return signals, kl
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) by the k3 estimator on tokens sampled from pi:
+    exp(r) - r - 1 with r = log pi_ref - log pi. Never negative, unbiased, and its
+    gradient pulls log pi towards log pi_ref (Schulman's "Approximating KL"; TRL's GRPO)."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1.0
+
+
+def zero_spread_share(returns: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> float:
+    """Share of groups whose samples all scored the same: they teach nothing, and when it
+    nears 1 the run has stopped learning (every answer right, or every answer wrong)."""
+    ids = groups.unique()
+    flat = sum(1 for g in ids if float(returns[groups == g].double().std(unbiased=False)) <= eps)
+    return flat / max(1, len(ids))
 
 
 # stats of several updates that add up; the others are averaged

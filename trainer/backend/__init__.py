@@ -6,7 +6,13 @@ takes (`pad_sequences`) and the token-logprob helpers its loss builds on.
 
 from trainer.backend.batches import pad_sequences
 from trainer.backend.deepspeed_engine import DeepSpeedEngine
-from trainer.backend.functional import gather_logprobs, next_token_logprobs, predicting_positions
+from trainer.backend.functional import (
+    forward_logits,
+    gather_logprobs,
+    next_token_entropy,
+    next_token_logprobs,
+    predicting_positions,
+)
 from trainer.backend.train_engine import LossFn, LossWeightFn, TrainEngine
 
 __all__ = [
@@ -14,7 +20,9 @@ __all__ = [
     "LossFn",
     "LossWeightFn",
     "TrainEngine",
+    "forward_logits",
     "gather_logprobs",
+    "next_token_entropy",
     "next_token_logprobs",
     "pad_sequences",
     "predicting_positions",

@@ -8,6 +8,7 @@ micro-batches, accumulates their gradients and takes one optimizer step.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -60,18 +61,31 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-def warmup_schedule(
-    optimizer: torch.optim.Optimizer, warmup_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Learning rate rising linearly over the first `warmup_steps` updates.
+def lr_factor(update: int, cfg: TrainConfig) -> float:
+    """The multiple of `train.lr` that update `update` (from 0) runs at.
 
-    Update k (from 1) runs at k / (warmup_steps + 1) of `train.lr` until the full rate:
-    Adam's first updates are about lr in size whatever the gradient's, so with a few
-    noisy samples a step, one bad early step can carry the policy off.
+    Warm-up: update k (from 1) runs at k / (warmup_steps + 1) of the rate until the full
+    rate; Adam's first updates are about lr in size whatever the gradient's, so with a
+    few noisy samples a step one bad early step can carry the policy off. Then, with
+    `lr_schedule: cosine`, a half cosine from 1 down to `min_lr_ratio` at update
+    `lr_decay_steps` (held there after it), so the late steps of a run that has found
+    the task move it less.
     """
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda done: min(1.0, (done + 1) / (warmup_steps + 1))
-    )
+    warm = cfg.warmup_steps
+    if update < warm:
+        return (update + 1) / (warm + 1)
+    if cfg.lr_schedule != "cosine" or cfg.lr_decay_steps <= warm + 1:
+        return 1.0
+    progress = min(1.0, (update - warm) / (cfg.lr_decay_steps - 1 - warm))
+    floor = cfg.min_lr_ratio
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """`lr_factor` as the scheduler DeepSpeed steps after every optimizer update."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(done, cfg))
 
 
 class DeepSpeedEngine(TrainEngine):
@@ -96,7 +110,7 @@ class DeepSpeedEngine(TrainEngine):
             model=model,
             optimizer=optimizer,
             config=deepspeed_config(cfg),
-            lr_scheduler=warmup_schedule(optimizer, cfg.warmup_steps),
+            lr_scheduler=lr_schedule(optimizer, cfg),
         )
         self.global_step = 0
         self.rank = distributed.rank()
@@ -136,8 +150,9 @@ class DeepSpeedEngine(TrainEngine):
             # DeepSpeed averages gradients over ranks: scale up so the sum is the loss
             self.engine.backward(loss * self.world)
             sums["loss"] += float(loss.detach())
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's, before the schedule moves
         grad_norm = self._step()
-        out.update(self._sum_over_ranks(sums), train_s=time.perf_counter() - started)
+        out.update(self._sum_over_ranks(sums), train_s=time.perf_counter() - started, lr=lr)
         if grad_norm is not None:
             out["grad_norm"] = grad_norm
         return out
@@ -228,6 +243,18 @@ class DeepSpeedEngine(TrainEngine):
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
                 return {k: v.detach().clone() for k, v in module.state_dict().items()}
         return {k: v.detach() for k, v in module.state_dict().items()}
+
+    def frozen_copy(self) -> torch.nn.Module:
+        """The current weights as a separate model in eval mode that trains nothing: the
+        reference policy a KL penalty holds the run to. Collective under ZeRO-3."""
+        from transformers import AutoModelForCausalLM
+
+        module = self.engine.module
+        copy = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
+        copy.load_state_dict(self.full_state_dict(), strict=False)
+        copy.tie_weights()
+        device = next(module.parameters()).device
+        return copy.to(device).eval().requires_grad_(False)
 
     def save_hf(self, path: Path, tokenizer: Any = None) -> Path:
         """A plain Hugging Face folder that the gateway (or anyone) can load."""

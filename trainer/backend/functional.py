@@ -49,6 +49,25 @@ def next_token_logprobs(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> to
     sampling `temperature` (per token or per sequence), the logits are divided by it
     first: the distribution the inference engine sampled from and took logprobs of.
     """
+    logits, targets = _sampled_distribution(logits, mb)
+    ids = mb["input_ids"]
+    return _per_token(gather_logprobs(logits, ids[targets]), targets, mb)
+
+
+def next_token_entropy(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(T,) entropy (nats) of the distribution each token was sampled from, aligned and
+    temperature-scaled as `next_token_logprobs`. Falling entropy is the first sign of a
+    policy collapsing onto one answer form."""
+    logits, targets = _sampled_distribution(logits, mb)
+    logp = torch.log_softmax(logits, dim=-1)
+    return _per_token(-(logp.exp() * logp).sum(-1), targets, mb)
+
+
+def _sampled_distribution(
+    logits: torch.Tensor, mb: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of the positions that predict a token, temperature-scaled, and the
+    index of the token each predicts."""
     ids = mb["input_ids"]
     if "logits_mask" in mb:
         rows = torch.nonzero(mb["logits_mask"], as_tuple=True)[0]
@@ -62,8 +81,14 @@ def next_token_logprobs(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> to
         if temperature.shape != ids.shape and "cu_seqlens" in mb:
             temperature = torch.repeat_interleave(temperature, mb["cu_seqlens"].long().diff())
         logits = logits / temperature[targets].unsqueeze(-1)
-    out = torch.zeros(ids.shape[0], dtype=torch.float32, device=logits.device)
-    out = out.index_put((targets,), gather_logprobs(logits, ids[targets]))
+    return logits, targets
+
+
+def _per_token(
+    values: torch.Tensor, targets: torch.Tensor, mb: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    out = torch.zeros(mb["input_ids"].shape[0], dtype=torch.float32, device=values.device)
+    out = out.index_put((targets,), values.float())
     if "cu_seqlens" in mb:  # nothing predicts a sequence's first token
         out[mb["cu_seqlens"][:-1].long()] = 0.0
     return out

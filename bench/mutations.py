@@ -1,0 +1,48 @@
+"""Does the learning test catch a broken trainer? Run tests/test_learning.py unbroken and
+under each mutation of tests/mutations.py; the unbroken run must pass and every mutated
+one fail.
+
+    python -m bench.mutations
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from mutations import MUTATIONS  # noqa: E402
+
+
+def run(mutation: str | None) -> tuple[bool, float, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("TURNSTILE_MUTATION", None)
+    if mutation:
+        env["TURNSTILE_MUTATION"] = mutation
+    started = time.time()
+    out = subprocess.run(
+        [str(ROOT / ".venv/bin/pytest"), "-q", "-p", "mutations", "tests/test_learning.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    lines = [ln for ln in out.stdout.splitlines() if "assert" in ln.lower() or "Error" in ln]
+    return out.returncode == 0, time.time() - started, (lines[-1] if lines else "").strip()
+
+
+def main() -> int:
+    ok = True
+    for mutation in (None, *MUTATIONS):
+        passed, seconds, why = run(mutation)
+        expected = mutation is None
+        ok &= passed == expected
+        verdict = "as it should" if passed == expected else "WRONG"
+        name = mutation or "unbroken"
+        print(f"{name:18s} {'passed' if passed else 'failed'} ({verdict}, {seconds:.0f} s) {why}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
