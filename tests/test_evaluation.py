@@ -110,6 +110,51 @@ def test_training_evaluates_before_during_and_after_greedily(tmp_path, tiny_mode
     # eval episodes are not training data: the steps trained on 2 groups x 2 each
     metrics = [json.loads(line) for line in result.metrics.read_text().splitlines()]
     assert [m["episodes"] for m in metrics] == [4, 4]
+    # eval.every: the best accuracy's weights are kept (the first of equals), or the base won
+    best = max(evals, key=lambda e: e["accuracy"])
+    assert json.loads(json.dumps(result.best_eval)) == best
+    if best["step"] > 0:
+        assert result.best_checkpoint == result.run_dir / "checkpoint-best"
+        assert json.loads((result.best_checkpoint / "best.json").read_text()) == best
+        assert (result.best_checkpoint / "config.json").is_file()
+    else:
+        assert result.best_checkpoint is None
+
+
+def test_the_best_checkpoint_is_the_best_accuracy_and_says_which(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    saved: list[int] = []
+
+    class Policy:
+        world = 1
+
+        def save_hf(self, path, tokenizer=None):  # type: ignore[no-untyped-def]
+            path.mkdir(parents=True, exist_ok=True)
+            saved.append(current["step"])
+            return path
+
+    trainer = Trainer({"run_dir": str(tmp_path)})
+    trainer.policy = Policy()
+    trainer.gateway = SimpleNamespace(
+        state=SimpleNamespace(renderer=SimpleNamespace(tokenizer=None))
+    )
+    for step, accuracy in [(0, 0.30), (10, 0.50), (20, 0.45), (30, 0.50), (40, 0.20)]:
+        current = {
+            "step": step,
+            "accuracy": accuracy,
+            "accuracy_ci": [accuracy - 0.1, accuracy + 0.1],
+        }
+        trainer._keep_best(current)
+    assert saved == [10]  # later equal or worse evaluations keep the earlier weights
+    assert json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())["step"] == 10
+    assert trainer._best_line() == (
+        f"best held-out accuracy: 0.500 [0.400, 0.600] after 10 steps, kept in {tmp_path / 'checkpoint-best'}"
+    )
+    base_only = Trainer({"run_dir": str(tmp_path / "b")})
+    base_only._keep_best({"step": 0, "accuracy": 0.4, "accuracy_ci": [0.3, 0.5]})
+    base_only._keep_best({"step": 5, "accuracy": 0.3, "accuracy_ci": [0.2, 0.4]})
+    assert "the base policy; no trained step beat it" in base_only._best_line()
 
 
 def test_time_budget_stops_in_time_for_the_final_evaluation(tmp_path, tiny_model) -> None:

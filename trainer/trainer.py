@@ -58,11 +58,11 @@ class TrainResult:
     start_step: int = 0  # > 0 when the run resumed from a checkpoint
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out, in step order
     stopped_early: bool = False  # the time budget ended training before total_steps
+    wall_s: float = 0.0  # from the call to `train` to its end, start-up included
     # with eval.every: the evaluation with the best held-out accuracy (step 0: the base
     # policy) and the folder its weights were kept in (None while the base was best)
     best_eval: dict[str, Any] | None = None
     best_checkpoint: Path | None = None
-    wall_s: float = 0.0  # from the call to `train` to its end, start-up included
 
 
 class Trainer:
