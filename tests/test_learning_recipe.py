@@ -241,10 +241,13 @@ def test_collapse_warning_fires_once_when_reward_falls_and_answers_get_cut() -> 
     assert "cut off" in fired[0] and "training reward" in fired[0]
 
 
-def test_collapse_warning_needs_two_signals_or_a_reward_drop() -> None:
+def test_collapse_warning_needs_a_reward_drop_or_degenerate_text() -> None:
     watch = CollapseWatch()
     assert watch.check(_row(1, 0.3, truncated_frac=0.6)) is None  # one signal alone
-    line = watch.check(_row(2, 0.3, truncated_frac=0.6, repetition=0.4))
-    assert line and "repetition" in line
+    # learning also lowers entropy and raises KL: no warning while the reward holds
+    for step in range(2, 6):
+        assert watch.check(_row(step, 0.3 + 0.1 * step, entropy=0.1, kl_ref=0.9)) is None
+    line = CollapseWatch().check(_row(1, 0.3, truncated_frac=0.6, repetition=0.4))
+    assert line and "repetition" in line and "cut off" in line
     mismatch = CollapseWatch().check(_row(1, 0.3, logprob_mismatch=0.05))
     assert mismatch and "mismatch" in mismatch  # the sampler and trainer disagree: a bug

@@ -51,10 +51,12 @@ class CollapseWatch:
     - `kl_ref` above `max_kl`: far from the starting policy;
     - training reward (mean of the last `window` steps) below `reward_drop` x the best
       such mean, once that best reached `min_best_reward`.
-    It warns when the reward fell and one other signal fired, or when two others fired
-    together. `logprob_mismatch` above `max_mismatch` is a warning on its own: the
-    trainer no longer scores the sampler's tokens as the sampler did (prime-rl fails its
-    tests above 0.02).
+    It warns when the reward fell and one other signal fired, or when answers are both
+    cut off and repetitive, whatever the reward (the text itself degenerates). Falling
+    entropy and rising KL alone are what learning looks like too: they count only beside
+    a falling reward. `logprob_mismatch` above `max_mismatch` is a warning on its own:
+    the trainer no longer scores the sampler's tokens as the sampler did (prime-rl fails
+    its tests above 0.02).
     """
 
     max_truncated: float = 0.5
@@ -76,7 +78,8 @@ class CollapseWatch:
         self.rows.append(row)
         reasons = self._form_reasons(row)
         fell = self._reward_fell()
-        firing = (fell is not None and bool(reasons)) or len(reasons) >= 2
+        degenerate = sum(("cut off" in r or "repetition" in r) for r in reasons) == 2
+        firing = (fell is not None and bool(reasons)) or degenerate
         if fell is not None:
             reasons.insert(0, fell)
         mismatch = row.get("logprob_mismatch")
