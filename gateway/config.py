@@ -33,6 +33,17 @@ class GatewayConfig:
         lambda: os.environ.get("TURNSTILE_ADMIN_KEY") or None,
         "admin key (default: $TURNSTILE_ADMIN_KEY)",
     )
+    signing_keys: str | None = _field(
+        lambda: os.environ.get("TURNSTILE_SIGNING_KEYS") or None,
+        "secrets the gateway signs its thinking blocks with, comma-separated: the first "
+        "signs, all verify (default: $TURNSTILE_SIGNING_KEYS; none: keys kept in the "
+        "store, shared by its replicas; gateway/signing.py)",
+    )
+    signing_key_grace_s: float = _field(
+        24 * 3600.0,
+        "how long a stored signing key still verifies after a newer one is made, seconds "
+        "(at least the longest session: session_ttl_s)",
+    )
     engine: str = _field("embedded", "inference engine (gateway/inference/registry.py)")
     model: str | None = _field(
         None,

@@ -187,7 +187,8 @@ def test_tool_input_is_restored_from_the_record_after_a_restart(
     msg = post_messages(http, gw.url, key, body).json()
     tool_id = msg["content"][0]["id"]
     serving = next(iter(h for h in gw.state.handlers.values() if hasattr(h, "_arguments")))
-    serving._arguments.pop(msg["id"])  # as after a restart: only the database knows
+    # as after a restart: only the database knows
+    assert serving._arguments.pop((session_id, msg["id"])) is not None
     echoed = {"timeout": 120000, "command": "ls -l été"}
     history = [
         *QUESTION,
@@ -457,7 +458,7 @@ def test_a_long_history_is_converted_once_and_renders_as_a_whole_conversion(
     for cid, sent in ids:
         req = p_.MessagesRequest.model_validate({"model": "claude", "max_tokens": 64,
                                                  "system": system, "messages": sent})  # fmt: skip
-        chat = p_.to_chat(req, lambda _: None)
+        chat = p_.to_chat(req, lambda _: None, lambda _text, _sig: False)
         record = completion_record(fake_gateway, session_id, cid)
         expected = tokenizer.encode(renderer.render_text(chat), add_special_tokens=False)
         assert record["prompt_ids"] == expected

@@ -54,6 +54,7 @@ from gateway.serving.turn import (
     completion_record,
     text_delta,
 )
+from gateway.signing import Signer
 from gateway.store.inflight import InflightMarks
 from gateway.store.recorder import Recorder, RecordError
 from gateway.store.repository import Repository, SessionInfo
@@ -165,6 +166,8 @@ class ServingCore:
         self.history = config.history
         self.pending = 0
         self.quotas = QuotaGuard()
+        # the keys of the signatures the gateway hands out (its thinking blocks)
+        self.signing = Signer(repo, config.signing_keys, config.signing_key_grace_s)
         # (session id, answer hash) -> parent; saves a DB read per turn.
         self._recent: LRU[tuple[str, str], Parent] = LRU(
             config.parent_cache_size,

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, func, select, update
 
 from gateway.store.codec import unpack_floats, unpack_ints
 from gateway.store.delta import Full, Rebuilder, by_id
-from gateway.store.schema import CompletionRow, SessionRow
+from gateway.store.schema import CompletionRow, SessionRow, SigningKeyRow
 from gateway.store.summaries import SessionFilter, summary_dict, summary_query
 
 
@@ -292,6 +292,21 @@ class Repository:
                     update(c).where(c.c.id == cid).values(reward=float(value), reward_at=now)
                 )
         return len(rewards)
+
+    # ---- signing keys (gateway/signing.py) -------------------------------------------
+    def signing_keys(self) -> list[tuple[str, str, float]]:
+        """(id, secret, created_at) of each stored signing key, oldest first."""
+        k = SigningKeyRow.__table__
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(k.c.id, k.c.secret, k.c.created_at)).all()
+        return sorted(((r.id, r.secret, r.created_at) for r in rows), key=lambda r: (r[2], r[0]))
+
+    def add_signing_key(self, key_id: str, secret: str, created_at: float) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                SigningKeyRow.__table__.insert(),
+                [{"id": key_id, "secret": secret, "created_at": created_at}],
+            )
 
 
 def _row_info(row: Any) -> SessionInfo:

@@ -95,3 +95,14 @@ class InflightRow(Base):
     expires_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (Index("ix_inflight_session_request", "session_id", "request_hash"),)
+
+
+class SigningKeyRow(Base):
+    """A key the gateway signs with (gateway/signing.py): the newest is current. Kept
+    here so that every replica of one store signs and verifies alike."""
+
+    __tablename__ = "signing_keys"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(128))  # hex
+    created_at: Mapped[float] = mapped_column(Float)

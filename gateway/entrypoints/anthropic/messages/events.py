@@ -10,22 +10,21 @@ Every block opened is closed: Claude Code breaks on a missing `content_block_sto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent, ToolCall
 from gateway.entrypoints.anthropic.errors import anthropic_error
-from gateway.entrypoints.anthropic.messages.protocol import (
-    thinking_signature,
-    tool_use_block,
-    tool_use_id,
-)
+from gateway.entrypoints.anthropic.messages.protocol import tool_use_block, tool_use_id
 from gateway.errors import APIError
 from gateway.sse import sse_event
 
 
 class BlockWriter:
-    def __init__(self, message_id: str, emit: bool = True) -> None:
+    def __init__(self, message_id: str, sign: Callable[[str], str], emit: bool = True) -> None:
+        """`sign(thinking text)`: its signature (for this session, gateway/signing.py)."""
         self.message_id = message_id
+        self.sign = sign
         self.emit = emit
         self.blocks: list[dict[str, Any]] = []  # finished content blocks
         self.tool_arguments: dict[str, str] = {}  # tool_use id -> the arguments generated
@@ -85,7 +84,7 @@ class BlockWriter:
         if self._open["type"] == "text":
             block: dict[str, Any] = {"type": "text", "text": text}
         else:
-            signature = thinking_signature(text)
+            signature = self.sign(text)
             block = {"type": "thinking", "thinking": text, "signature": signature}
             delta = {"type": "signature_delta", "signature": signature}
             frames.append(self._frame("content_block_delta", index=index, delta=delta))

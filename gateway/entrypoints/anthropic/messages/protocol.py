@@ -3,8 +3,8 @@ chat template renders and the parent links are hashed on), and the `Message` ans
 
 Honoured: `system` (a string or text blocks), system-role messages inside `messages`,
 content blocks `text`, `tool_use`, `tool_result` (string or text-block content),
-`thinking` (the gateway's own, recognised by its signature) and `redacted_thinking`
-(dropped), `tools` with `input_schema`, `tool_choice`, `stop_sequences`,
+`thinking` (the gateway's own, recognised by its signature: gateway/signing.py; any
+other is dropped) and `redacted_thinking` (dropped), `tools` with `input_schema`, `tool_choice`, `stop_sequences`,
 `temperature`/`top_p`, `max_tokens` (clamped to what the context leaves). Accepted and
 ignored: `top_k`, `thinking`, `metadata`, `cache_control`, `defer_loading`,
 `output_config`, `context_management`, and any other field.
@@ -12,8 +12,6 @@ ignored: `top_k`, `thinking`, `metadata`, `cache_control`, `defer_loading`,
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
 import uuid
@@ -24,9 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.chat.tool_parsers import ToolCall
 from gateway.errors import APIError
+from gateway.signing import key_id
 
 _TOOL_ID = re.compile(r"toolu_([0-9a-f]{32})_(\d+)")
-_SIGNING_KEY = b"turnstile-thinking-v1"
+# what the gateway's signature of a thinking block is for (gateway/signing.py)
+THINKING = "anthropic-thinking"
+# is this thinking text, with this signature, the gateway's own (for this session)?
+OwnThinking = Callable[[str, str], bool]
 
 
 class CountTokensRequest(BaseModel):
@@ -69,19 +71,6 @@ def message_of_tool_use(tool_id: str) -> str | None:
     return f"msg_{m.group(1)}" if m else None
 
 
-def thinking_signature(thinking: str) -> str:
-    """What the gateway signs its thinking blocks with, to know them when they return."""
-    digest = hmac.new(_SIGNING_KEY, thinking.encode(), hashlib.sha256).hexdigest()
-    return f"tsig_{digest[:48]}"
-
-
-def is_own_thinking(block: dict[str, Any]) -> bool:
-    text, sig = block.get("thinking"), block.get("signature")
-    if not isinstance(text, str) or not isinstance(sig, str):
-        return False
-    return hmac.compare_digest(sig, thinking_signature(text))
-
-
 # ---- Anthropic messages -> chat messages -------------------------------------------------
 def system_text(system: str | list[dict[str, Any]] | None, param: str = "system") -> str:
     """A system prompt (a string, or text blocks joined by blank lines)."""
@@ -100,6 +89,7 @@ def system_text(system: str | list[dict[str, Any]] | None, param: str = "system"
 def to_chat(
     req: CountTokensRequest,
     tool_arguments: Callable[[str], str | None],
+    own_thinking: OwnThinking,
     start: int = 0,
     head: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -111,6 +101,8 @@ def to_chat(
     `head`: the chat messages of the system prompt and `req.messages[:start]`, converted
     already (a message's conversion depends only on it and on those arguments, which do
     not change once generated): only the messages from `start` on are converted.
+    `own_thinking(text, signature)`: whether a thinking block is the gateway's own,
+    signed for this session; any other is dropped, never rendered as the model's.
     """
     if head is not None:
         out = list(head)
@@ -131,7 +123,7 @@ def to_chat(
         elif role == "user":
             out += _user(content, where)
         elif role == "assistant":
-            out.append(_assistant(content, where, tool_arguments))
+            out.append(_assistant(content, where, tool_arguments, own_thinking))
         else:
             raise bad_request(
                 f"{where}.role must be user, assistant or system, got {role!r}", where
@@ -201,7 +193,10 @@ def _text_blocks(blocks: Any, where: str) -> str:
 
 
 def _assistant(
-    content: Any, where: str, tool_arguments: Callable[[str], str | None]
+    content: Any,
+    where: str,
+    tool_arguments: Callable[[str], str | None],
+    own_thinking: OwnThinking,
 ) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -218,8 +213,11 @@ def _assistant(
             fn = {"name": block.get("name"), "arguments": arguments}
             calls.append({"id": tid, "type": "function", "function": fn})
         elif kind == "thinking":
-            if is_own_thinking(block):  # another model's thinking is not this one's
-                reasoning.append(block["thinking"])
+            text, signature = block.get("thinking"), block.get("signature")
+            # another model's (or a client's) thinking is not this one's
+            if isinstance(text, str) and isinstance(signature, str):
+                if own_thinking(text, signature):
+                    reasoning.append(text)
         elif kind == "redacted_thinking":
             continue
         else:
@@ -241,19 +239,26 @@ def _unsupported(kind: Any, where: str, role: str) -> APIError:
 def tool_use_ids(req: CountTokensRequest, start: int = 0) -> list[str]:
     """The ids of the assistant `tool_use` blocks the request sends back (in
     `req.messages[start:]`)."""
-    ids = []
+    return [str(b.get("id")) for b in _sent_back(req, start, "tool_use")]
+
+
+def thinking_key_ids(req: CountTokensRequest, start: int = 0) -> list[str]:
+    """The key ids the signatures of the `thinking` blocks it sends back claim."""
+    sigs = (b.get("signature") for b in _sent_back(req, start, "thinking"))
+    return [k for k in (key_id(s) for s in sigs if isinstance(s, str)) if k is not None]
+
+
+def _sent_back(req: CountTokensRequest, start: int, kind: str) -> list[dict[str, Any]]:
+    """The assistant content blocks of this type in `req.messages[start:]`."""
+    blocks = []
     for m in req.messages[start:]:
         if (
             isinstance(m, dict)
             and m.get("role") == "assistant"
             and isinstance(m.get("content"), list)
         ):
-            ids += [
-                str(b.get("id"))
-                for b in m["content"]
-                if isinstance(b, dict) and b.get("type") == "tool_use"
-            ]
-    return ids
+            blocks += [b for b in m["content"] if isinstance(b, dict) and b.get("type") == kind]
+    return blocks
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -11,11 +11,16 @@ the content blocks and their events (events.py), and two things its clients need
   the trained sequence continues the tokens really generated.
 - Side requests (a title for the client's UI, a chore for a smaller model) are recorded
   with `side_request`, and left out of training exports by default.
+
+The model's reasoning comes back as `thinking` blocks signed for the session
+(gateway/signing.py); only those count as its own when a client sends them back.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
@@ -82,8 +87,9 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
 
     def __init__(self, core: ServingCore) -> None:
         super().__init__(core)
-        # message id -> {tool_use id: arguments generated}: saves a DB read per turn
-        self._arguments: LRU[str, dict[str, str]] = LRU(core._recent.max_entries)
+        # (session id, message id) -> {tool_use id: arguments generated}: saves a DB read
+        # per turn. By session too: a `toolu_` id names its answer, not who may read it
+        self._arguments: LRU[tuple[str, str], dict[str, str]] = LRU(core._recent.max_entries)
         # session id -> the model its agent talks to (a request naming another is a side one)
         self._main_model: LRU[str, str] = LRU(core._recent.max_entries)
         # a history's (system prompt, chat form) (see `chat_of`)
@@ -113,7 +119,9 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         if hit is not None and hit[1][0] == req.system:
             start, (_, head) = hit
         known = await self._tool_arguments(session_id, p_.tool_use_ids(req, start))
-        messages = p_.to_chat(req, known.get, start, head)
+        await self.core.signing.refresh(p_.thinking_key_ids(req, start))
+        own_thinking = partial(self.core.signing.verify, p_.THINKING, session_id)
+        messages = p_.to_chat(req, known.get, own_thinking, start, head)
         self._chats.put(req.messages, (req.system, messages))
         return messages, p_.chat_tools(req.tools), p_.chat_tool_choice(req.tool_choice)
 
@@ -152,7 +160,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         turn.side_request = await self._is_side_request(req, session.id, tools)
         context = {
             "may_call": bool(tools) and tool_choice != "none",
-            "writer": BlockWriter(turn.ids[0], emit=req.stream),
+            "writer": BlockWriter(turn.ids[0], self._signer(session.id), emit=req.stream),
         }
         return Prepared(req, [turn], stream=req.stream, context=context)
 
@@ -167,17 +175,21 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         )
         return len(prompt.ids)
 
+    def _signer(self, session_id: str) -> Callable[[str], str]:
+        """What signs this session's thinking blocks."""
+        return partial(self.core.signing.sign, p_.THINKING, session_id)
+
     async def _tool_arguments(self, session_id: str, tool_ids: list[str]) -> dict[str, str]:
         """The generated arguments of the gateway's own tool calls among `tool_ids`."""
         found: dict[str, str] = {}
         for message_id in dict.fromkeys(filter(None, map(p_.message_of_tool_use, tool_ids))):
-            arguments = self._arguments.get(message_id)
+            arguments = self._arguments.get((session_id, message_id))
             if arguments is None:
                 row = await run_in_threadpool(self.core.repo.completion, session_id, message_id)
                 if row is None or row["endpoint"] != self.endpoint:
                     continue
                 arguments = (row["response"] or {}).get("tool_arguments") or {}
-                self._arguments.put(message_id, arguments)
+                self._arguments.put((session_id, message_id), arguments)
             found.update(arguments)
         restored = sum(1 for t in tool_ids if t in found)
         if restored:
@@ -224,7 +236,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             message["reasoning_content"] = parser.reasoning
         if calls:  # (their ids are the writer's toolu_ ones by now)
             message["tool_calls"] = [c.to_openai() for c in calls]
-            self._arguments.put(turn.ids[0], dict(writer.tool_arguments))
+            self._arguments.put((turn.session_id, turn.ids[0]), dict(writer.tool_arguments))
         if not turn.side_request:
             self._main_model.put(turn.session_id, p.req.model)
         answer_hash = turn.answer_hash(message)
@@ -241,7 +253,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         body = rows[0]["response"]["message"]
         if not req.stream:
             return body
-        writer = BlockWriter(body["id"])
+        writer = BlockWriter(body["id"], self._signer(rows[0]["session_id"]))
         frames = writer.start({**body, "content": [], "stop_reason": None, "stop_sequence": None})
         for block in body["content"]:
             if block["type"] == "text":
