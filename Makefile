@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: demo test test-fast lint setup tokenizers browser-setup clean
+.PHONY: demo test test-fast lint setup tokenizers browser-setup ray-setup clean
 
 setup: $(STAMP)
 
@@ -41,7 +41,7 @@ tokenizers: setup
 demo: setup
 	$(VENV)/bin/turnstile train --config agents/math_multi_turn.yaml
 
-test: setup clients-setup vllm-setup tokenizers browser-setup
+test: setup clients-setup vllm-setup tokenizers browser-setup ray-setup
 	$(VENV)/bin/pytest -q
 
 test-fast: setup tokenizers
@@ -59,6 +59,11 @@ include tests/clients/Makefile.inc
 
 # the venv of the real vLLM server the vLLM engine is tested against: `make vllm-setup`
 include tests/vllm/Makefile.inc
+
+# Ray, the optional extra for `rollout.agent.mode: ray` (tests/test_ray_agents.py): pinned
+# with what it pulls in, into .venv; `make demo` does without it
+ray-setup: setup
+	@$(PY) -c "import ray" 2>/dev/null || $(PIP) install -q -r requirements-ray.lock
 
 # a real headless browser for the /ui tests (tests/test_viewer.py): Debian's chromium,
 # driven by Playwright through executable_path (Playwright never downloads a browser)

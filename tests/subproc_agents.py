@@ -33,6 +33,10 @@ class ReportingSyncAgent:
             raise NeedsArgsError("weird", code=7)
         if behave == "exit":
             os._exit(1)
+        marker = Path(self.report_dir) / f"died-{data.get('tag')}"
+        if behave == "exit_once" and not marker.exists():  # the first run's process dies
+            marker.touch()
+            os._exit(1)
         if behave == "unpicklable_return":
             return {"x": threading.Lock()}
         client = OpenAI(max_retries=0, timeout=60)

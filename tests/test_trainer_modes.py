@@ -80,6 +80,24 @@ def test_subproc_mode_trains_a_synchronous_openai_agent(tmp_path, tiny_model) ->
     assert result.policy_version == 1
 
 
+@pytest.mark.slow
+def test_ray_mode_trains_with_agents_as_ray_tasks(tmp_path, tiny_model) -> None:
+    pytest.importorskip("ray", reason="Ray is the optional extra turnstile-rl[ray]")
+    import ray
+
+    cfg = _base(
+        tmp_path / "run", tiny_model, total_steps=1,
+        rollout={"agent": {"mode": "ray", "num_cpus": 0.5}},
+        workflow="agents/math_sync_openai.py:MathSyncOpenAIAgent",
+    )  # fmt: skip
+    result = Trainer(cfg).train(dataset=_arithmetic(4))
+    (m,) = _metrics(result.metrics)
+    assert m["episodes"] == 4 and m["episode_errors"] == 0 and m["episode_retries"] == 0
+    assert m["completions"] == 4 and m["num_samples"] == 4
+    assert result.policy_version == 1
+    assert not ray.is_initialized()  # the local cluster it started is gone with the run
+
+
 def _arithmetic(n: int) -> list[dict]:
     from trainer.datasets import load_dataset
 

@@ -15,10 +15,26 @@ from gateway.config import GatewayConfig
 
 @dataclass
 class AgentConfig:
-    mode: str = "inline"  # inline | subproc (a process pool; the agent must pickle)
+    # inline | subproc (a process pool; the agent must pickle) | ray (Ray tasks, `ray:`)
+    mode: str = "inline"
     turn_discount: float = 1.0
     export_style: str = "individual"  # individual | concat
     subproc_max_workers: int = 4
+    # subproc, ray: an episode whose worker process or node died runs again in a new
+    # session (the dead one is ended and never trained on), at most this many times
+    max_retries: int = 1
+    # ray: what each agent run asks of the cluster (CPUs, and custom resources such as
+    # {sandbox: 1} that only some nodes offer)
+    num_cpus: float = 1.0
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RayConfig:
+    """The Ray cluster `rollout.agent.mode: ray` places agents on (trainer/rollout/ray_agents.py)."""
+
+    # "auto", "host:6379" or "ray://host:10001"; None: RAY_ADDRESS, else a local cluster
+    address: str | None = None
 
 
 @dataclass
@@ -146,6 +162,7 @@ class TrainerConfig:
     # {type: jsonl, path: ...} or {type: python, function: "file.py:fn", ...} (datasets.py)
     dataset: dict[str, Any] = field(default_factory=dict)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     # stop training when the next step (and the final evaluation) would not fit in
     # this many seconds of wall-clock; 0: no budget

@@ -109,9 +109,13 @@ def _tag(key: str) -> str:
         return f"reward/{key}"
     if key.endswith("_s"):
         return f"time/{key}"
-    if key in ("episodes", "episode_errors", "episodes_without_reward", "completions") or (
-        key.startswith(("turns", "staleness", "stale", "concat"))
-    ):
+    if key in (
+        "episodes",
+        "episode_errors",
+        "episode_retries",
+        "episodes_without_reward",
+        "completions",
+    ) or (key.startswith(("turns", "staleness", "stale", "concat"))):
         return f"rollout/{key}"
     return f"train/{key}"
 

@@ -520,13 +520,23 @@ class Trainer:
             agent,
             http,
             max_concurrent=cfg.rollout.max_concurrent,
-            mode=cfg.rollout.agent.mode,
-            subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
+            **self._agent_placement(),
             session_metadata={"eval": True},
             sampling={"temperature": cfg.eval.temperature},
             export=False,
         )
         return Evaluator(cfg.eval, rows, runner)
+
+    def _agent_placement(self) -> dict[str, Any]:
+        """Where agent runs go (inline, a process pool, Ray tasks): AgentRunner's args."""
+        a = self.config.rollout.agent
+        ray = {"address": self.config.ray.address, "num_cpus": a.num_cpus, "resources": a.resources}
+        return {
+            "mode": a.mode,
+            "subproc_max_workers": a.subproc_max_workers,
+            "max_retries": a.max_retries,
+            "ray": ray if a.mode == "ray" else None,
+        }
 
     def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
         cfg = self.config
@@ -542,8 +552,7 @@ class Trainer:
                 export_style=cfg.rollout.agent.export_style,
                 turn_discount=cfg.rollout.agent.turn_discount,
                 max_concurrent=cfg.rollout.max_concurrent,
-                mode=cfg.rollout.agent.mode,
-                subproc_max_workers=cfg.rollout.agent.subproc_max_workers,
+                **self._agent_placement(),
             )
         from gateway.serving.direct import DirectRecorder
         from trainer.rollout.engine import RolloutEngine
@@ -653,6 +662,8 @@ class Trainer:
             "reward_max": max(rewards) if rewards else None,
             "episodes": len(episodes),
             "episode_errors": sum(1 for ep in episodes if ep.error),
+            # runs again after a worker or node died (subproc, ray)
+            "episode_retries": sum(getattr(ep, "retries", 0) for ep in episodes),
             "episodes_without_reward": sum(1 for ep in episodes if ep.no_reward),
             "completions": completions,
             "turns_per_episode": completions / max(1, len(episodes)),

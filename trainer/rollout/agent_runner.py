@@ -19,7 +19,7 @@ import httpx
 from gateway.reward_values import finite_reward
 from trainer.loading import WorkflowError
 from trainer.rollout.gateway_admin import GatewayAdmin, GatewayRequestError
-from trainer.rollout.subproc import SubprocAgentPool, check_picklable
+from trainer.rollout.subproc import SubprocAgentPool, SubprocWorkerDied, check_picklable
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ class Episode:
     num_completions: int = 0
     error: str | None = None
     no_reward: bool = False
+    worker_died: bool = False  # the process or node running the agent died (subproc, ray)
+    retries: int = 0  # runs of this episode before this one, each in a session ended unused
     # Token-level workflows: the per-sequence tensors `arun_episode` / an agent returned;
     # their numeric keys join the samples' in the training batch (algorithm.to_sequences).
     raw: list[dict[str, Any]] = field(default_factory=list)
@@ -104,21 +106,32 @@ class AgentRunner(EpisodeRunner):
         session_metadata: dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
         export: bool = True,
+        max_retries: int = 0,
+        ray: dict[str, Any] | None = None,
     ) -> None:
         """`session_metadata` and `sampling` go to every session it opens (an evaluation
-        forces greedy sampling); `export=False` skips turning sessions into samples."""
-        if mode not in ("inline", "subproc"):
-            raise WorkflowError(f"rollout.agent.mode must be 'inline' or 'subproc', got {mode!r}")
+        forces greedy sampling); `export=False` skips turning sessions into samples. An
+        episode whose worker died runs again in a new session up to `max_retries` times.
+        `ray`: `RayAgentPool`'s arguments (address, num_cpus, resources)."""
+        if mode not in ("inline", "subproc", "ray"):
+            raise WorkflowError(
+                f"rollout.agent.mode must be 'inline', 'subproc' or 'ray', got {mode!r}"
+            )
         self.mode = mode
-        self._pool: SubprocAgentPool | None = None
+        self.max_retries = max_retries
+        self._pool: Any = None
+        if mode != "inline" and not inspect.iscoroutinefunction(getattr(agent, "run", None)):
+            raise WorkflowError(
+                f"rollout.agent.mode: {mode} runs `async def run(self, data, **extra_kwargs)`"
+                f" in worker processes; {type(agent).__name__} has none"
+            )
         if mode == "subproc":  # fail before any session: the agent must pickle
-            if not inspect.iscoroutinefunction(getattr(agent, "run", None)):
-                raise WorkflowError(
-                    "rollout.agent.mode: subproc runs `async def run(self, data, **extra_kwargs)`"
-                    f" in worker processes; {type(agent).__name__} has none"
-                )
             check_picklable(agent, "agent")
             self._pool = SubprocAgentPool(subproc_max_workers)  # workers start lazily
+        elif mode == "ray":
+            from trainer.rollout.ray_agents import RayAgentPool
+
+            self._pool = RayAgentPool(**(ray or {}))
         self.admin = admin
         self.base_url = base_url
         self.agent = agent
@@ -132,54 +145,67 @@ class AgentRunner(EpisodeRunner):
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:
-            if self._pool is not None:
+            if self.mode == "subproc":
                 check_picklable(data, "data")
-            session_id, api_key = await self.admin.create_session(
-                {**self.session_metadata, "group": group}, self.sampling
-            )
-            ep = Episode(group=group, session_id=session_id)
-            try:
-                if self._pool is not None:  # a worker process; URL and key via its env
-                    value = await self._pool.run(
-                        self.agent, data, base_url=self.base_url, api_key=api_key
-                    )
-                else:
-                    value = await self.agent.run(
-                        copy.deepcopy(data),
-                        base_url=self.base_url,
-                        api_key=api_key,
-                        http_client=self.http_client,
-                    )
-            except Exception as exc:  # the agent's bug must not kill training
-                ep.error = f"{type(exc).__name__}: {exc}"
-                log.warning("agent run failed in session %s: %s", session_id, ep.error)
-                await self._end_quietly(session_id)
-                return ep
-            try:
-                view = await self.admin.session(session_id)
-                completions = view["completions"]
-                ep.num_completions = len(completions)
-                rewards = rewards_from_return(value, completions)
-                if not isinstance(value, dict) and value is not None:
-                    ep.reward = _finite(value, "reward")
-                elif rewards:
-                    ep.reward = sum(rewards.values())
-                await self.admin.set_rewards(rewards)
-                await self.admin.end_session(session_id)
-                if not completions or not self.export:
+            attempt = 0
+            while True:
+                ep = await self._run_once(data, group)
+                ep.retries = attempt
+                if not ep.worker_died or attempt >= self.max_retries:
                     return ep
-                ep.samples = await self.admin.export(
-                    session_id, self.export_style, self.turn_discount
+                attempt += 1
+                log.warning(
+                    "agent worker died in session %s; running the episode again in a new "
+                    "session (retry %d of %d)", ep.session_id, attempt, self.max_retries,
+                )  # fmt: skip
+
+    async def _run_once(self, data: dict[str, Any], group: int) -> Episode:
+        """One run of the agent in a session of its own; a dead worker ends it unused."""
+        session_id, api_key = await self.admin.create_session(
+            {**self.session_metadata, "group": group}, self.sampling
+        )
+        ep = Episode(group=group, session_id=session_id)
+        try:
+            if self._pool is not None:  # a worker process; URL and key via its env
+                value = await self._pool.run(
+                    self.agent, data, base_url=self.base_url, api_key=api_key
                 )
-            except RewardShapeError as exc:
-                ep.error = str(exc)
-                await self._end_quietly(session_id)
-            except GatewayRequestError as exc:
-                if "no_reward" in str(exc):
-                    ep.no_reward = True
-                else:
-                    ep.error = str(exc)
+            else:
+                value = await self.agent.run(
+                    copy.deepcopy(data),
+                    base_url=self.base_url,
+                    api_key=api_key,
+                    http_client=self.http_client,
+                )
+        except Exception as exc:  # the agent's bug must not kill training
+            ep.error = f"{type(exc).__name__}: {exc}"
+            ep.worker_died = isinstance(exc, SubprocWorkerDied)
+            log.warning("agent run failed in session %s: %s", session_id, ep.error)
+            await self._end_quietly(session_id)
             return ep
+        try:
+            view = await self.admin.session(session_id)
+            completions = view["completions"]
+            ep.num_completions = len(completions)
+            rewards = rewards_from_return(value, completions)
+            if not isinstance(value, dict) and value is not None:
+                ep.reward = _finite(value, "reward")
+            elif rewards:
+                ep.reward = sum(rewards.values())
+            await self.admin.set_rewards(rewards)
+            await self.admin.end_session(session_id)
+            if not completions or not self.export:
+                return ep
+            ep.samples = await self.admin.export(session_id, self.export_style, self.turn_discount)
+        except RewardShapeError as exc:
+            ep.error = str(exc)
+            await self._end_quietly(session_id)
+        except GatewayRequestError as exc:
+            if "no_reward" in str(exc):
+                ep.no_reward = True
+            else:
+                ep.error = str(exc)
+        return ep
 
     async def close(self) -> None:
         """Stop the subproc workers (if any); the trainer calls this when it is done."""
