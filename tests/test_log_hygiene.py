@@ -27,6 +27,7 @@ from gateway.store.repository import Repository
 
 SECRET = "pelican-saffron-7731"  # in prompts only
 ADMIN = "admin-key-never-logged-5521"
+SIGNING = "signing-key-never-logged-9034"
 
 
 @pytest.fixture
@@ -36,6 +37,7 @@ def served(tmp_path: Path):
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "trainer.cli", "serve", "--engine", "fake"]
     cmd += ["--port", str(port), "--database", str(tmp_path / "s.db"), "--admin-key", ADMIN]
+    cmd += ["--signing-keys", SIGNING]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
@@ -75,6 +77,8 @@ def test_no_key_or_prompt_text_in_logs(served) -> None:
         assert streamed.status_code == 200
         assert http.post("/v1/completions", headers=user, json={"prompt": SECRET}).is_success
         assert http.post("/v1/responses", headers=user, json={"input": SECRET}).is_success
+        anthropic = {"max_tokens": 8, "messages": messages}
+        assert http.post("/v1/messages", headers=user, json=anthropic).is_success
         cid = chat.json()["id"]
         http.post("/v1/rewards", headers=user, json={"completion_id": cid, "reward": 1})
         http.get(f"/v1/sessions/{sid}/export", headers=user)
@@ -95,7 +99,7 @@ def test_no_key_or_prompt_text_in_logs(served) -> None:
         assert http.post("/v1/chat/completions", headers=user, json={"messages": messages}).is_error
     text = log.read_text(errors="replace")
     assert "gateway ready" in text  # the log was captured, at the default level
-    for secret in (SECRET, key, ADMIN, key[len("tsk-") :]):
+    for secret in (SECRET, key, ADMIN, key[len("tsk-") :], SIGNING):
         assert secret not in text, f"{secret!r} appears in the log:\n{text}"
 
 

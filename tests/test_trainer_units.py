@@ -235,13 +235,15 @@ def test_reinforce_loss_sign() -> None:
 
 
 def test_the_saved_config_holds_no_admin_key(tmp_path) -> None:
-    """config.yaml in the run folder (and the trackers' copy) leave the admin key out."""
+    """config.yaml in the run folder (and the trackers' copy) leave the admin and signing
+    keys out."""
     path = tmp_path / "c.yaml"
-    path.write_text("gateway: {admin_key: s3cret-admin, port: 0}\n")
+    path.write_text("gateway: {admin_key: s3cret-admin, signing_keys: s3cret-signing, port: 0}\n")
     cfg = load_config(path, [])
     assert cfg.gateway.admin_key == "s3cret-admin"
     saved = yaml.safe_dump(cfg.without_secrets())
     assert "s3cret-admin" not in saved and yaml.safe_load(saved)["gateway"]["port"] == 0
+    assert "s3cret-signing" not in saved  # the deployment's thinking-signature keys
 
 
 def test_config_yaml_with_overrides(tmp_path) -> None:

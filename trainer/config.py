@@ -192,9 +192,9 @@ class TrainerConfig:
         return dataclasses.asdict(self)
 
     def without_secrets(self) -> dict[str, Any]:
-        """The configuration as the run folder and the trackers keep it: no admin key."""
+        """The configuration as the run folder and the trackers keep it: no admin or signing key."""
         config = self.to_dict()
-        return {**config, "gateway": {**config["gateway"], "admin_key": None}}
+        return {**config, "gateway": {**config["gateway"], "admin_key": None, "signing_keys": None}}
 
     def tracker_backends(self) -> list[str]:
         return [b for b in self.trackers.backends if self.tensorboard or b != "tensorboard"]
