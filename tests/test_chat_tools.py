@@ -10,8 +10,8 @@ import openai
 import pytest
 from gateway_helpers import TIME, WEATHER, bearer, completion_record, openai_client, read_session
 
-from gateway.chat.tool_parsers import ContentEvent, ToolCallEvent
-from gateway.chat.tool_parsers.hermes import HermesToolParser as ToolCallParser
+from gateway.chat.events import ContentEvent, ToolCallEvent
+from gateway.chat.families.hermes import HermesToolParser as ToolCallParser
 
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

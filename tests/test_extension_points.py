@@ -18,14 +18,8 @@ from gateway_helpers import admin_headers, bearer, read_session
 from pydantic import BaseModel
 
 import gateway.app
-from gateway.chat.tool_parsers import (
-    TOOL_PARSERS,
-    ToolCall,
-    ToolCallEvent,
-    ToolParser,
-    content_events,
-    register_tool_parser,
-)
+from gateway.chat.events import ToolCall, ToolCallEvent, content_events
+from gateway.chat.parsers import TOOL_PARSERS, ToolParser
 from gateway.config import GatewayConfig
 from gateway.entrypoints.openai.route import openai_route
 from gateway.inference.fake import FakeEngine
@@ -211,7 +205,7 @@ class BracketParser(ToolParser):
 
 
 def test_a_new_tool_parser_is_one_registered_class(gateway_factory, new_session, http) -> None:
-    register_tool_parser("brackets")(BracketParser)
+    TOOL_PARSERS.register("brackets")(BracketParser)
     try:
         gw = gateway_factory({"tool_parser": "brackets"})
         gw.engine.script('Let me look. [[get_weather {"city": "Paris"}]]')

@@ -154,7 +154,10 @@ def expected_prompt(family: Family, messages: list[dict[str, Any]]) -> str:
                 args = tc["function"]["arguments"]
                 if family.name != "deepseek_v3":  # DeepSeek's template concatenates text
                     args = json.loads(args)
-                calls.append({**tc, "function": {**tc["function"], "arguments": args}})
+                # name first, as the model writes it (Mistral's template dumps the dict)
+                calls.append(
+                    {**tc, "function": {"name": tc["function"]["name"], "arguments": args}}
+                )
             m["tool_calls"] = calls
             m.setdefault("content", None if family.name == "deepseek_v3" else "")
         if family.name != "qwen3":  # only Qwen3's template reads it
@@ -190,7 +193,7 @@ def harmony_prompt(messages: list[dict[str, Any]]) -> str:
         load_harmony_encoding,
     )
 
-    from gateway.chat.harmony import encodings_dir  # the vocabulary, offline
+    from gateway.chat.families.gpt_oss import encodings_dir  # the vocabulary, offline
 
     os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(encodings_dir(family_tokenizer("gptoss"))))
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)

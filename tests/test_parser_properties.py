@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.chat.detokenize import IncrementalDecoder, text_decoder
+from gateway.chat.events import ContentEvent, ReasoningEvent, ToolCallEvent
+from gateway.chat.families import make_reasoning_parser, make_tool_parser
 from gateway.chat.output_parser import OutputParser
-from gateway.chat.reasoning_parsers import make_reasoning_parser
-from gateway.chat.tool_parsers import ContentEvent, ReasoningEvent, ToolCallEvent, make_tool_parser
 
 # (tool parser, reasoning parser, family whose answers it parses)
 PARSERS = [
@@ -26,6 +26,7 @@ PARSERS = [
     ("deepseek_v3", "deepseek_r1", "deepseek_v3"),
     ("llama3_json", None, "llama3_1"),
     ("harmony", "harmony", "gptoss"),
+    ("mistral", None, "mistral_nemo"),
 ]
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {}), ("f", {"x": [1, {"y": "é"}]})]
 
@@ -102,6 +103,9 @@ def test_any_pieces_parse_like_the_whole(tool, reasoning, family, data):
         "<|end|>",
         "<|start|>assistant",
         "<|call|>",
+        "[TOOL_CALLS]",
+        "[",
+        "]",
         " to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>",
         "text",
         "é😀",

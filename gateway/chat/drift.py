@@ -14,10 +14,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gateway.chat.reasoning_parsers.think import THINK_CLOSE, THINK_OPEN
+from gateway.chat.families import reasoning_blocks
 
 _WS = re.compile(r"\s+")
-_THOUGHT = re.compile(re.escape(THINK_OPEN) + "(.*?)" + re.escape(THINK_CLOSE), re.DOTALL)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -48,7 +47,8 @@ def drift(
     start = max(0, at - 2)  # from just before: a think block may open at `at - 1`
     old_text, new_text = decode(before[start:]), decode(prompt[start:])
     cause = None
-    if any(t.strip() and t not in new_text for t in _THOUGHT.findall(old_text)):
+    thoughts = [t for block in reasoning_blocks() for t in block.findall(old_text)]
+    if any(t.strip() and t not in new_text for t in thoughts):
         cause = "reasoning_dropped"
     else:
         if _WS.sub("", new_text).startswith(_WS.sub("", old_text)):

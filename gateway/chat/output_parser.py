@@ -7,8 +7,8 @@ absent: then text passes through as content.
 
 from __future__ import annotations
 
-from gateway.chat.reasoning_parsers import ReasoningParser
-from gateway.chat.tool_parsers import ContentEvent, Event, ToolCall, ToolParser
+from gateway.chat.events import ContentEvent, Event, ToolCall
+from gateway.chat.parsers import ReasoningParser, ToolParser
 
 
 class OutputParser:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,13 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
+from gateway.chat import families
 from gateway.chat.ascii_encoder import ascii_encoder
 from gateway.chat.detokenize import text_decoder
-from gateway.chat.harmony import HarmonyTemplate, is_harmony_tokenizer, name_tool_results
 from gateway.chat.prompt_heads import HeadCache
-from gateway.chat.reasoning_parsers import detect_reasoning_parser
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.template_window import message_local
-from gateway.chat.tool_parsers import detect_tool_parser, make_tool_parser
-from gateway.chat.tools import inline_tools
+from gateway.chat.tools import PROMPT_TOOL_PARSER, inline_tools
 from gateway.lru import HistoryMemo
 from gateway.token_ids import TokenIds
 
@@ -129,17 +128,28 @@ class NormalizedMessages:
     session's next body holds its previous one's very messages, so only its new
     messages are normalised, not a 64-turn history on every turn (~0.1 ms a turn at 128
     messages). A normalised message is only read (templates render in a sandbox that
-    cannot change a dict; `inline_tools` and the harmony renderer copy what they change)."""
+    cannot change a dict; `inline_tools` and the harmony renderer copy what they change).
+    `shape`: the model family's quirk, applied to each normalised message (families/)."""
 
-    def __init__(self, traits: TemplateTraits, histories: int) -> None:
+    def __init__(
+        self,
+        traits: TemplateTraits,
+        histories: int,
+        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.traits = traits
+        self.shape = shape
         self.memo: HistoryMemo[list[dict[str, Any]]] = HistoryMemo(histories)
+
+    def one(self, message: dict[str, Any]) -> dict[str, Any]:
+        out = normalize_message(message, self.traits)
+        return self.shape(out) if self.shape is not None else out
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not messages:
             return []
         n, done = self.memo.get(messages) or (0, [])
-        out = done + [normalize_message(m, self.traits) for m in messages[n:]]
+        out = done + [self.one(m) for m in messages[n:]]
         self.memo.put(messages, out)
         return out
 
@@ -252,20 +262,17 @@ def _remember_safe_attributes(environment: Any) -> None:
     environment._turnstile_memo = True
 
 
-# Not a Jinja template: gpt-oss's harmony format, rendered by openai-harmony (harmony.py).
-HARMONY = "harmony"
-
-
 def load_chat_template(name_or_path: str) -> str:
     """A Jinja chat template: a file, or the name of one shipped in chat/templates/
-    (or `harmony`, which names the harmony renderer)."""
-    if name_or_path == HARMONY:
-        return HARMONY
+    (or of a family's own renderer, `harmony`, which is returned as is)."""
+    if families.by_renderer(name_or_path) is not None:
+        return name_or_path
     path = Path(name_or_path)
     if not path.is_file():
         path = TEMPLATES / f"{name_or_path}.jinja"
     if not path.is_file():
-        known = sorted([HARMONY, *(p.stem for p in TEMPLATES.glob("*.jinja"))])
+        own = [f.renderer_name for f in families.FAMILIES.values() if f.renderer_name]
+        known = sorted([*own, *(p.stem for p in TEMPLATES.glob("*.jinja"))])
         raise ValueError(f"no chat template {name_or_path!r} (a file, or one of {known})")
     return path.read_text()
 
@@ -286,14 +293,16 @@ class ChatRenderer:
         """`word_cache_size`: pre-tokens whose ids the ASCII encoder keeps (0: always the
         Rust tokenizer); `history_cache_size`: histories whose normalised messages are kept."""
         self.tokenizer = tokenizer
+        # a family's own renderer: named, or for a tokenizer with no template (gpt-oss's)
         self.chat_template: str | None = chat_template or tokenizer.chat_template
-        if self.chat_template is None and is_harmony_tokenizer(tokenizer):
-            self.chat_template = HARMONY  # gpt-oss's tokenizers ship no Jinja template
-        self.harmony = HarmonyTemplate(tokenizer) if self.chat_template == HARMONY else None
+        if self.chat_template is None:
+            self.chat_template = families.renderer_for(tokenizer)
+        own = families.by_renderer(self.chat_template)
+        self.own: families.OwnTemplate | None = own.renderer(tokenizer) if own else None
+        self.family: families.Family | None = own or families.family_of(self.chat_template)
         self.eos_token_id: int = int(tokenizer.eos_token_id)
         stops = {self.eos_token_id}
-        # the turn enders of ChatML, Llama 3 (`<|eom_id|>`: after a tool call) and harmony
-        for tok in ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|call|>"):
+        for tok in sorted(families.stop_tokens()):  # the families' turn enders it has
             tid = tokenizer.convert_tokens_to_ids(tok)
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
                 stops.add(tid)
@@ -301,15 +310,19 @@ class ChatRenderer:
         # Templates that know tools render them (and past tool calls) themselves; for
         # the others the gateway writes them into the messages (see tools.py).
         template = self.chat_template
-        self.traits = TemplateTraits.of(template)
-        # The tool-call format to parse: the template's own, or the Hermes form the
-        # gateway's tool prompt asks for.
+        self.traits = TemplateTraits.of(template) if own is None else self.own.traits
+        # The tool-call format to parse: the template's own, or the one the gateway's
+        # tool prompt asks for.
         knows_tools = self.traits.tools or self.traits.tool_calls
-        self.tool_parser = detect_tool_parser(template) if knows_tools else "hermes"
-        self.reasoning_parser = detect_reasoning_parser(template)
-        if self.harmony is not None:
-            self.traits = TemplateTraits(True, True, False, False, True)
-            self.tool_parser = self.reasoning_parser = "harmony"
+        self.tool_parser: str = (
+            families.detect_tool_parser(template, PROMPT_TOOL_PARSER)
+            if knows_tools
+            else PROMPT_TOOL_PARSER
+        )
+        self.reasoning_parser = families.detect_reasoning_parser(template)
+        if own is not None:
+            self.tool_parser = own.tool_parser or PROMPT_TOOL_PARSER
+            self.reasoning_parser = own.reasoning_parser
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self.decode = text_decoder(tokenizer)  # ids -> text, special tokens kept
         self._id_objects = list(range(len(tokenizer)))
@@ -319,14 +332,14 @@ class ChatRenderer:
         # the template compiled once (transformers' own sandboxed environment and
         # extensions), rendered straight on normalised messages: apply_chat_template
         # would copy every message of a long history again on every turn
-        self._compiled = None if self.harmony is not None else _compile_jinja_template(template)
+        self._compiled = None if self.own is not None else _compile_jinja_template(template)
         if self._compiled is not None:
             _remember_safe_attributes(self._compiled.environment)
         # a template that renders each message on its own: a turn renders only its new
         # messages (template_window.py); None when it is, else why not
         self.not_windowed: str | None = (
-            "harmony"
-            if self._compiled is None
+            own.renderer_name
+            if own is not None
             else message_local(self._compiled.environment, template)
         )
         self._template_kwargs = dict(tokenizer.special_tokens_map)
@@ -339,7 +352,8 @@ class ChatRenderer:
         alternatives = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
         self._closing = re.compile(rf"\s*(?:{alternatives})")
         self.heads = HeadCache(self.encode, sorted(specials))
-        self._normalized = NormalizedMessages(self.traits, history_cache_size)
+        shape = self.family.shape_message if self.family is not None else None
+        self._normalized = NormalizedMessages(self.traits, history_cache_size, shape)
 
     def encode(self, text: str) -> list[int]:
         """The tokenizer's ids for `text` (no special tokens added): ASCII text through
@@ -408,8 +422,8 @@ class ChatRenderer:
             return None
         if source.tools != was.tools or source.tool_choice != was.tool_choice:
             return None
-        first = normalize_message(messages[0], self.traits)
-        later = [normalize_message(m, self.traits) for m in messages[k:]]
+        first = self._normalized.one(messages[0])
+        later = [self._normalized.one(m) for m in messages[k:]]
         try:
             head = self._render_normalized([first], source.tools, source.tool_choice)
             window = self._render_normalized([first, *later], source.tools, source.tool_choice)
@@ -457,8 +471,8 @@ class ChatRenderer:
         token, which stands in for the template's own closing token."""
         if start < 1 or messages[start - 1].get("role") != "assistant":
             return None, "no_answer"
-        if self.harmony is not None:  # a result names its call, which the mark drops
-            messages = name_tool_results(messages)
+        if self.own is not None:  # what the mark drops may be needed (harmony: a call's name)
+            messages = self.own.standalone(messages)
         marked = [*messages[: start - 1], {"role": "assistant", "content": _ANSWER_MARK}]
         text = self.render_text([*marked, *messages[start:]], tools, tool_choice)
         if text.count(_ANSWER_MARK) != 1:
@@ -493,15 +507,15 @@ class ChatRenderer:
     ) -> str:
         if self.traits.tools:
             return self._apply(normalized, tools or None)
-        call_format = make_tool_parser(self.tool_parser).call_format
+        call_format = families.make_tool_parser(self.tool_parser).call_format
         inline_calls = not self.traits.tool_calls
         return self._apply(
             inline_tools(normalized, tools, tool_choice, call_format, inline_calls), None
         )
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        if self.harmony is not None:
-            return self.harmony.render(messages, tools)
+        if self.own is not None:
+            return self.own.render(messages, tools)
         # No None values here but where the template needs them (normalize_message): as
         # apply_chat_template has it, most templates handle a missing key, not a None one,
         # but one that tells a tool-call turn by `content is none` (DeepSeek V3's) needs it.

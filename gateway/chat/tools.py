@@ -12,7 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.chat.tool_parsers.hermes import TOOL_CLOSE, TOOL_OPEN
+from gateway.chat.families.hermes import TOOL_CLOSE, TOOL_OPEN
+
+# the tool parser for the calls this prompt asks for (a parser's `call_format` may ask
+# for its own form instead)
+PROMPT_TOOL_PARSER = "hermes"
 
 _HEADER = (
     "# Tools\n\n"

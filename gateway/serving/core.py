@@ -26,11 +26,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.detokenize import IncrementalDecoder
 from gateway.chat.drift import drift
+from gateway.chat.families import make_reasoning_parser, make_tool_parser
 from gateway.chat.linking import ConversationHash, answer_positions, framed, last_answer
 from gateway.chat.output_parser import OutputParser
-from gateway.chat.reasoning_parsers import make_reasoning_parser
 from gateway.chat.template import ChatRenderer, Rendered
-from gateway.chat.tool_parsers import make_tool_parser
 from gateway.config import HISTORY_MODES, GatewayConfig
 from gateway.errors import APIError, store_unavailable, store_unavailable_error
 from gateway.inference.base import (

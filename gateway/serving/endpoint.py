@@ -21,10 +21,10 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
+from gateway.chat.events import Event, content_events
 from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.template import Rendered
-from gateway.chat.tool_parsers import Event, content_events
 from gateway.errors import APIError, as_api_error
 from gateway.serving.core import Admission, ServingCore, Tracked
 from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent, ToolCall
+from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall
 from gateway.entrypoints.anthropic.errors import anthropic_error
 from gateway.entrypoints.anthropic.messages.protocol import tool_use_block, tool_use_id
 from gateway.errors import APIError

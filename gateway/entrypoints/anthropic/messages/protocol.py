@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.chat.tool_parsers import ToolCall
+from gateway.chat.events import ToolCall
 from gateway.errors import APIError
 from gateway.signing import key_id
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
+from gateway.chat.events import Event, ToolCall, content_events
 from gateway.chat.output_parser import OutputParser
-from gateway.chat.tool_parsers import Event, ToolCall, content_events
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.anthropic.messages import protocol as p_
 from gateway.entrypoints.anthropic.messages.events import BlockWriter, error_event

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from gateway import json_codec
-from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent
+from gateway.chat.events import ContentEvent, Event, ReasoningEvent
 from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.inference.base import TopLogprobs
 from gateway.serving.endpoint import Answer

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.chat.output_parser import OutputParser
-from gateway.chat.tool_parsers import (
+from gateway.chat.events import (
     ContentEvent,
     Event,
     ReasoningEvent,
     ToolCall,
     ToolCallEvent,
 )
+from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from gateway.chat.tool_parsers import Event
+from gateway.chat.events import Event
 from gateway.entrypoints.openai.completion.protocol import CompletionRequest, CompletionShapes
 from gateway.errors import APIError
 from gateway.serving.core import ServingCore

@@ -28,7 +28,7 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
 )
 
-from gateway.chat.tool_parsers import ContentEvent, Event, ReasoningEvent, ToolCall
+from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall
 from gateway.entrypoints.openai.responses.protocol import (
     call_item,
     dump,

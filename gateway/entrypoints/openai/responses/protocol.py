@@ -28,8 +28,8 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningT
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import Field, field_validator
 
+from gateway.chat.events import ToolCall
 from gateway.chat.template import text_of
-from gateway.chat.tool_parsers import ToolCall
 from gateway.chat.tools import forced_tool
 from gateway.entrypoints.openai.protocol import OpenAIRequest
 from gateway.errors import APIError

@@ -25,8 +25,8 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
+from gateway.chat.events import Event, ToolCall, content_events
 from gateway.chat.output_parser import OutputParser
-from gateway.chat.tool_parsers import Event, ToolCall, content_events
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.responses.events import EventWriter
 from gateway.entrypoints.openai.responses.protocol import (

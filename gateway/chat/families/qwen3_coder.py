@@ -1,4 +1,4 @@
-"""Qwen3-Coder tool calls: XML inside `<tool_call>` tags.
+"""Qwen3-Coder tool calls: XML inside Hermes' `<tool_call>` tags.
 
     <tool_call>
     <function=get_weather>
@@ -9,7 +9,8 @@
     </tool_call>
 
 A parameter's value is JSON when it parses as JSON (numbers, booleans, objects), else
-the text itself. A function with no parameters is a call with `{}`.
+the text itself. A function with no parameters is a call with `{}`. Its reasoning, when
+a template has it, is Qwen3's `<think>` (qwen3.py); its turns are ChatML's (hermes.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import json
 import re
 from typing import Any
 
-from gateway.chat.tool_parsers.base import BlockToolParser, register_tool_parser
-from gateway.chat.tool_parsers.hermes import TOOL_CLOSE, TOOL_OPEN
+from gateway.chat.families import Family, register_family
+from gateway.chat.families.hermes import TOOL_CLOSE, TOOL_OPEN
+from gateway.chat.parsers import TOOL_PARSERS, BlockToolParser
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
@@ -40,7 +42,7 @@ def _arguments(body: str) -> dict[str, Any] | None:
     return args
 
 
-@register_tool_parser("qwen3_coder", detect=lambda template: "<function=" in template)
+@TOOL_PARSERS.register("qwen3_coder")
 class Qwen3CoderToolParser(BlockToolParser):
     open = TOOL_OPEN
     close = TOOL_CLOSE
@@ -55,3 +57,12 @@ class Qwen3CoderToolParser(BlockToolParser):
         if not calls or _FUNCTION.sub("", body).strip():
             return None
         return calls
+
+
+register_family(
+    Family(
+        "qwen3_coder",
+        tool_parser="qwen3_coder",
+        teaches_tools=lambda template: "<function=" in template,
+    )
+)

@@ -1,18 +1,25 @@
-"""DeepSeek V3 tool calls: its own special tokens around fenced JSON arguments.
+"""DeepSeek V3 tool calls (its own special tokens around fenced JSON arguments) and
+DeepSeek-R1 reasoning.
 
     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather
     ```json
     {"city": "Paris"}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-Several `tool▁call` blocks inside one `tool▁calls` block are parallel calls.
+Several `tool▁call` blocks inside one `tool▁calls` block are parallel calls. The
+published V3 template shows calls but not tools, so the gateway's tool prompt asks for
+this form (`call_format`). `deepseek_r1` (vLLM's name, chosen by name only): the answer
+always starts inside a `<think>` block (R1 often omits the opening tag), so an answer
+with no `</think>` is all reasoning.
 """
 
 from __future__ import annotations
 
 import re
 
-from gateway.chat.tool_parsers.base import BlockToolParser, arguments_json, register_tool_parser
+from gateway.chat.families import Family, register_family
+from gateway.chat.families.qwen3 import ThinkReasoningParser
+from gateway.chat.parsers import REASONING_PARSERS, TOOL_PARSERS, BlockToolParser, arguments_json
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -27,7 +34,7 @@ CALL_FORMAT = (
 )
 
 
-@register_tool_parser("deepseek_v3", detect=lambda template: "tool▁calls▁begin" in template)
+@TOOL_PARSERS.register("deepseek_v3")
 class DeepSeekV3ToolParser(BlockToolParser):
     open = CALLS_BEGIN
     close = CALLS_END
@@ -43,3 +50,18 @@ class DeepSeekV3ToolParser(BlockToolParser):
         if not calls or _CALL.sub("", body).strip():
             return None
         return calls
+
+
+@REASONING_PARSERS.register("deepseek_r1")
+class DeepSeekR1ReasoningParser(ThinkReasoningParser):
+    starts_inside = True
+
+
+register_family(
+    Family(
+        "deepseek",
+        tool_parser="deepseek_v3",
+        reasoning_parser="deepseek_r1",  # not detected: `--reasoning-parser deepseek_r1`
+        teaches_tools=lambda template: "tool▁calls▁begin" in template,
+    )
+)

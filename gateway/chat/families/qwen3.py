@@ -1,19 +1,22 @@
-"""`<think>...</think>` reasoning (Qwen3, DeepSeek-R1 and the models distilled from it).
+"""Qwen3: `<think>...</think>` reasoning; its tool calls are Hermes' (hermes.py), its
+turns ChatML's.
 
-`qwen3`: the answer may open the block itself, or start inside it when the template
-ended the prompt with `<think>`; an answer with no block is all content. `deepseek_r1`
-(vLLM's name): the answer always starts inside the block (R1 often omits the opening
-tag), so an answer with no `</think>` is all reasoning. Either way, a block that never
-closes (cut off) is all reasoning. Newlines around the reasoning
-and at the start of the answer are the template's framing, not text: Qwen3's template
-writes `<think>\n` + reasoning + `\n</think>\n\n` + content back.
+The answer may open the block itself, or start inside it when the template ended the
+prompt with `<think>`; an answer with no block is all content (DeepSeek-R1's variant,
+which always starts inside the block, is in deepseek.py). A block that never closes
+(cut off) is all reasoning. Newlines around the reasoning and at the start of the
+answer are the template's framing, not text: Qwen3's template writes `<think>\n` +
+reasoning + `\n</think>\n\n` + content back.
 """
 
 from __future__ import annotations
 
+import re
+
 from gateway.chat.detokenize import partial_suffix_len
-from gateway.chat.reasoning_parsers.base import ReasoningParser, register_reasoning_parser
-from gateway.chat.tool_parsers.base import Event
+from gateway.chat.events import Event
+from gateway.chat.families import Family, register_family
+from gateway.chat.parsers import REASONING_PARSERS, ReasoningParser
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -22,7 +25,7 @@ THINK_CLOSE = "</think>"
 _START, _REASONING, _CONTENT = "start", "reasoning", "content"
 
 
-@register_reasoning_parser("qwen3", detect=lambda template: THINK_CLOSE in template)
+@REASONING_PARSERS.register("qwen3")
 class ThinkReasoningParser(ReasoningParser):
     starts_inside = False  # True: even when the prompt did not open the block
 
@@ -90,6 +93,13 @@ class ThinkReasoningParser(ReasoningParser):
         return self._say(text)
 
 
-@register_reasoning_parser("deepseek_r1")
-class DeepSeekR1ReasoningParser(ThinkReasoningParser):
-    starts_inside = True
+register_family(
+    Family(
+        "qwen3",
+        reasoning_parser="qwen3",
+        shows_reasoning=lambda template: THINK_CLOSE in template,
+        reasoning_block=re.compile(
+            re.escape(THINK_OPEN) + "(.*?)" + re.escape(THINK_CLOSE), re.DOTALL
+        ),
+    )
+)

@@ -1,0 +1,139 @@
+"""Model families, one file each: how to tell a family's chat template, its template
+quirks, its renderer when it is not Jinja, and its tool-call and reasoning parsers.
+
+A family file defines its parsers (`@TOOL_PARSERS.register`, `@REASONING_PARSERS.register`
+in gateway/chat/parsers.py) and registers one `Family` that says when they apply. Every
+module in this package is imported here, so adding a family is adding its file (and
+its tests); nothing else names it. Detection reads the template's text: specific
+families in name order, then generic ones (Hermes' `<tool_call>` tags also appear in
+Qwen3-Coder's templates). The tool format and the reasoning format are detected apart,
+since templates mix them (Qwen3-Coder's XML calls with Qwen3's `<think>`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.chat.parsers import REASONING_PARSERS, TOOL_PARSERS, ReasoningParser, ToolParser
+from gateway.chat.template_traits import TemplateTraits
+from gateway.registry import Registry
+
+Message = dict[str, Any]
+
+
+class OwnTemplate(Protocol):
+    """A family's prompt renderer that is not a Jinja template (gpt-oss's harmony)."""
+
+    traits: TemplateTraits  # what it expects of the normalised messages
+
+    def render(self, messages: list[Message], tools: list[Message] | None) -> str: ...
+
+    def standalone(self, messages: list[Message]) -> list[Message]:
+        """The messages made to render the same when an earlier assistant message is
+        replaced (token-exact history renders the text after an answer that way)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """What the gateway knows of one model family; every field but `name` is optional."""
+
+    name: str
+    tool_parser: str | None = None  # the TOOL_PARSERS name of the calls its templates teach
+    reasoning_parser: str | None = None  # the REASONING_PARSERS name of its reasoning
+    teaches_tools: Callable[[str], bool] | None = None  # template text -> uses `tool_parser`
+    shows_reasoning: Callable[[str], bool] | None = None  # -> uses `reasoning_parser`
+    generic: bool = False  # its detectors are tried after every specific family's
+    stop_tokens: tuple[str, ...] = ()  # its turn enders: stop ids where a tokenizer has them
+    reasoning_block: re.Pattern[str] | None = None  # reasoning in the text (drift.py)
+    shape_message: Callable[[Message], Message] | None = None  # a normalised message as
+    # its templates need it (a quirk): a new dict, never a change to the one given
+    renderer: Callable[[Any], OwnTemplate] | None = None  # tokenizer -> its own renderer
+    renderer_name: str | None = None  # `--chat-template NAME` picks that renderer
+    renders_tokenizer: Callable[[Any], bool] | None = None  # a tokenizer with no template
+    # that the renderer serves (gpt-oss's, which have harmony's tokens)
+
+
+FAMILIES: Registry[Family] = Registry("model family", "model families")
+
+
+def register_family(family: Family) -> Family:
+    """Add a family (its module's last line); a name taken twice is an error."""
+    return FAMILIES.add(family.name, family)
+
+
+def ordered() -> list[Family]:
+    """Families in detection order: specific ones by name, then generic ones."""
+    return sorted(FAMILIES.values(), key=lambda f: (f.generic, f.name))
+
+
+def family_of(chat_template: Any) -> Family | None:
+    """The family the template is of: the first whose tool-call format, else reasoning
+    format, it shows (a specific family before a generic one)."""
+    if not isinstance(chat_template, str):
+        return None
+    for generic in (False, True):
+        for test in ("teaches_tools", "shows_reasoning"):
+            for family in ordered():
+                detect = getattr(family, test)
+                if family.generic == generic and detect is not None and detect(chat_template):
+                    return family
+    return None
+
+
+def detect_tool_parser(chat_template: Any, default: str) -> str:
+    """The parser for the call format this template teaches the model (else `default`)."""
+    if isinstance(chat_template, str):
+        for family in ordered():
+            if family.teaches_tools is not None and family.teaches_tools(chat_template):
+                return family.tool_parser or default
+    return default
+
+
+def detect_reasoning_parser(chat_template: Any) -> str | None:
+    """The parser for the reasoning format this template shows (None: it shows none)."""
+    if isinstance(chat_template, str):
+        for family in ordered():
+            if family.shows_reasoning is not None and family.shows_reasoning(chat_template):
+                return family.reasoning_parser
+    return None
+
+
+def by_renderer(name: str | None) -> Family | None:
+    """The family whose own renderer `name` (a `--chat-template` value) names."""
+    found = (f for f in ordered() if name and f.renderer is not None and f.renderer_name == name)
+    return next(found, None)
+
+
+def renderer_for(tokenizer: Any) -> str | None:
+    """The own renderer's name for a tokenizer that ships no chat template."""
+    for family in ordered():
+        if family.renders_tokenizer is not None and family.renders_tokenizer(tokenizer):
+            return family.renderer_name
+    return None
+
+
+def stop_tokens() -> set[str]:
+    """Every family's turn enders (a tokenizer's that it has are stop ids)."""
+    return {t for family in FAMILIES.values() for t in family.stop_tokens}
+
+
+def reasoning_blocks() -> list[re.Pattern[str]]:
+    return [f.reasoning_block for f in ordered() if f.reasoning_block is not None]
+
+
+def make_tool_parser(name: str) -> ToolParser:
+    return TOOL_PARSERS.lookup(name)()
+
+
+def make_reasoning_parser(name: str, prompt_text: str = "") -> ReasoningParser:
+    return REASONING_PARSERS.lookup(name)(prompt_text)
+
+
+for _module in pkgutil.iter_modules(__path__):  # each family registers itself
+    importlib.import_module(f"{__name__}.{_module.name}")
