@@ -17,14 +17,17 @@ from pydantic import BaseModel, ConfigDict
 
 _DESCRIPTIONS = {
     400: "The request is malformed or names something invalid.",
-    401: "No key, an unknown key, or an expired session key.",
+    401: "No key, or one that is malformed, unknown or expired (one answer for all).",
     403: "A session key where the admin key is needed.",
     404: "No such resource (or it belongs to another session).",
     409: "The resource is not in a state that allows this (e.g. no reward yet).",
     410: "The session has ended; its key no longer generates.",
     413: "The request body is larger than the gateway accepts.",
     422: "Well-formed, but this gateway cannot serve it (e.g. `n` above its limit).",
-    429: "Too many requests generating, or a session quota is spent.",
+    429: (
+        "Too many requests generating, a session quota is spent, or too many invalid keys "
+        "from this client (then for every route that takes a key, until `Retry-After`)."
+    ),
     500: "An unexpected error (a bug); the body never holds a stack trace.",
     503: "The engine or the store is unavailable; retry later.",
     504: "The engine did not answer in time.",
@@ -33,6 +36,13 @@ _DESCRIPTIONS = {
 _REF = "#/components/schemas/{model}"
 # every route may answer these: the body-size guard and the last-resort handler wrap all
 _EVERY_ROUTE = (413, 500)
+# a 429's wait, where it has one (the abuse limit on invalid keys always does)
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
 
 
 class ErrorDetail(BaseModel):
@@ -68,7 +78,12 @@ def error_model(path: str) -> type[BaseModel]:
 def errors(*statuses: int, path: str = "") -> dict[int | str, dict[str, Any]]:
     """The `responses=` entries for a route's error statuses (in the shape of `path`'s API)."""
     model = error_model(path)
-    return {s: {"model": model, "description": _DESCRIPTIONS[s]} for s in statuses}
+    out: dict[int | str, dict[str, Any]] = {
+        s: {"model": model, "description": _DESCRIPTIONS[s]} for s in statuses
+    }
+    if 429 in out:
+        out[429]["headers"] = RETRY_AFTER
+    return out
 
 
 def json_200(model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
@@ -108,6 +123,19 @@ def _with_gateway_errors(doc: dict[str, Any]) -> dict[str, Any]:
                     str(status),
                     {
                         "description": _DESCRIPTIONS[status],
+                        "content": {"application/json": {"schema": error_ref}},
+                    },
+                )
+            if "{" in path:  # a path value no route matches (a newline): an unknown path's 404
+                not_found = responses.setdefault("404", {"description": _DESCRIPTIONS[404]})
+                content = not_found.setdefault("content", {})
+                content.setdefault("application/json", {"schema": error_ref})
+            if "401" in responses:  # it takes a key: the abuse limit may refuse it (auth.py)
+                responses.setdefault(
+                    "429",
+                    {
+                        "description": _DESCRIPTIONS[429],
+                        "headers": RETRY_AFTER,
                         "content": {"application/json": {"schema": error_ref}},
                     },
                 )

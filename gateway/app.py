@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from gateway import ui
 from gateway.api_schema import install_openapi
 from gateway.auth import KeyRing
+from gateway.auth_limits import AuthLimiter
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
@@ -56,7 +57,10 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     metrics = Metrics()
     recorder = Recorder(db, on_commit=metrics.store_commit_seconds.observe)
     core = ServingCore(engine, renderer, repo, recorder, metrics, config)
-    keys = KeyRing(repo, config.admin_key, cache_size=config.key_cache_size)
+    limiter = AuthLimiter(
+        config.auth_failure_limit, config.auth_failure_window_s, config.auth_lockout_s
+    )
+    keys = KeyRing(repo, config.admin_key, cache_size=config.key_cache_size, limiter=limiter)
     bodies = IncrementalBodies(config.parent_cache_size, config.body_cache_mb * 2**20)
     return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, core, bodies)
 

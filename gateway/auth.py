@@ -8,6 +8,13 @@ sessions ended lately, and the cache forgets those: one query per poll, however 
 sessions are live. Both that query and a key the cache misses are asked off the event
 loop: against a shared PostgreSQL each is a network round trip, which every other
 request would wait out.
+
+What a refused key learns (docs/security.md): a missing, malformed, unknown or expired
+key gets one and the same 401, so no answer tells whether a key exists or once did; only
+a live session's own key gets 410 (ended) or 404 (another session's id). Keys are never
+compared as text: the admin key's digest in constant time, a session key looked up by
+its digest (in the store) or by a hash table (the cache). Clients that keep offering
+such keys are locked out for a while (auth_limits.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.auth_limits import AuthLimiter
 from gateway.errors import APIError
 from gateway.lru import LRU
 from gateway.store.repository import Repository, SessionInfo
@@ -40,6 +48,16 @@ def new_session_key() -> str:
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def invalid_key() -> APIError:
+    """The one answer to a key that opens nothing, whatever is wrong with it."""
+    return APIError(
+        401,
+        "Invalid API key: it is missing, malformed, unknown or expired.",
+        code="invalid_api_key",
+        retryable=False,
+    )
 
 
 def bearer_token(request: Request) -> str | None:
@@ -68,9 +86,14 @@ class KeyRing:
         end_poll_s: float = 2.0,
         cache_size: int = 100_000,
         max_age_s: float = 60.0,
+        limiter: AuthLimiter | None = None,
     ) -> None:
         self.repo = repo
         self.admin_key = admin_key
+        # its digest, compared in constant time with an offered key's: equal lengths, so
+        # not even the key's length shows in the time a comparison takes
+        self._admin_digest = None if admin_key is None else _digest(admin_key)
+        self.limiter = limiter if limiter is not None else AuthLimiter(0, 60.0, 60.0)
         self.end_poll_s = end_poll_s
         self.max_age_s = max_age_s  # a backstop: re-read a key this old anyway
         # by the key itself: a request that hits hashes nothing (the store keeps digests)
@@ -79,9 +102,19 @@ class KeyRing:
         self._ended_since = time.time() - CLOCK_SKEW_S
 
     def is_admin_key(self, key: str | None) -> bool:
-        if self.admin_key is None:
+        if self._admin_digest is None:
             return True  # loopback-only mode: no admin key configured
-        return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
+        return key is not None and hmac.compare_digest(_digest(key), self._admin_digest)
+
+    def check_admin(self, request: Request, key: str | None) -> bool:
+        """Is `key` the admin key? For a page that takes no other key (/ui): a 429 while
+        this client is locked out, and a key that is not the admin key counts against it."""
+        self.limiter.check(request)
+        if self.is_admin_key(key):
+            return True
+        if key:
+            self.limiter.failed(request)
+        return False
 
     async def session_for_key(self, key: str) -> SessionInfo | None:
         now = time.monotonic()
@@ -130,25 +163,17 @@ class KeyRing:
     async def resolve(
         self, request: Request, *, allow_admin: bool, allow_ended: bool = False
     ) -> Caller:
+        self.limiter.check(request)  # before the key is looked at: a lockout tells nothing
         key = bearer_token(request)
         if key and key.startswith(KEY_PREFIX):
             info = await self.session_for_key(key)
-            if info is None:
-                raise APIError(
-                    401, "Incorrect API key provided.", code="invalid_api_key", retryable=False
-                )
-            if info.ended and not allow_ended:
+            if info is None or info.expired():  # the same answer: existing tells nothing
+                raise self._refuse(request)
+            if info.ended and not allow_ended:  # only a live key gets here
                 raise APIError(
                     410,
                     f"Session {info.id} has ended; its key no longer works.",
                     code="session_ended",
-                    retryable=False,
-                )
-            if info.expired():
-                raise APIError(
-                    401,
-                    f"The API key of session {info.id} has expired.",
-                    code="expired_api_key",
                     retryable=False,
                 )
             return Caller(is_admin=False, session=info)
@@ -161,4 +186,15 @@ class KeyRing:
                 code="session_key_required",
                 retryable=False,
             )
-        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key", retryable=False)
+        if not key:  # nothing offered, nothing guessed: not counted
+            raise invalid_key()
+        raise self._refuse(request)
+
+    def _refuse(self, request: Request) -> APIError:
+        """The 401 for a key that opens nothing, counted against its client."""
+        self.limiter.failed(request)
+        return invalid_key()
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()

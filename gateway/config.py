@@ -80,6 +80,19 @@ class GatewayConfig:
     max_body_bytes: int = _field(16 * 1024 * 1024, "larger request bodies get a 413")
     max_pending_requests: int = _field(1024, "choices generating at once; more get a 429")
     max_n: int = _field(16, "largest `n` (choices per request); more get a 422")
+    auth_failure_limit: int = _field(
+        20,
+        "failed key checks (a missing key does not count; an unknown, malformed or expired "
+        "one does) a client (its IP; IPv6: its /64) may make within auth_failure_window_s; "
+        "then each of its keyed requests gets a 429 with Retry-After for auth_lockout_s; "
+        "0: no limit (docs/security.md)",
+    )
+    auth_failure_window_s: float = _field(
+        60.0, "the sliding window auth_failure_limit counts failures in, seconds"
+    )
+    auth_lockout_s: float = _field(
+        60.0, "how long a client over auth_failure_limit is refused, seconds"
+    )
     parent_cache_size: int = _field(
         4096,
         "recent answers kept in memory to link the next turn (LRU; older: a DB read); "
@@ -107,11 +120,11 @@ class GatewayConfig:
         "long session's history is normalised once, not on every turn",
     )
     tool_parser: str = _field(
-        "auto", "tool-call format to parse (gateway/chat/tool_parsers); auto: from the template"
+        "auto", "tool-call format to parse (gateway/chat/families); auto: from the template"
     )
     reasoning_parser: str = _field(
         "auto",
-        "reasoning format to parse (gateway/chat/reasoning_parsers); auto: from the template; "
+        "reasoning format to parse (gateway/chat/families); auto: from the template; "
         "none: no reasoning is split off",
     )
     history: str = _field(

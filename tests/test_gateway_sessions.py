@@ -135,7 +135,7 @@ def test_expired_session_key_is_401(fake_gateway, new_session, http):
     assert chat(http, fake_gateway, key).status_code == 200
     time.sleep(0.6)  # let the TTL pass
     err = assert_error_shape(chat(http, fake_gateway, key), 401)
-    assert err["code"] == "expired_api_key"
+    assert err["code"] == "invalid_api_key"  # as for a key that never existed
     assert read_status(http, fake_gateway, session_id) == "expired"
 
 

@@ -101,7 +101,7 @@ async def test_an_expired_key_stops_on_every_replica(replicas) -> None:
         await asyncio.sleep(3.5)
         for url in replicas.urls:
             status, body = await _chat(http, url, key, messages)
-            assert status == 401 and body["error"]["code"] == "expired_api_key", body
+            assert status == 401 and body["error"]["code"] == "invalid_api_key", body
 
 
 async def test_a_replica_killed_mid_load_loses_nothing_and_restarts(replicas) -> None:

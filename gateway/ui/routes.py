@@ -14,13 +14,22 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.templating import Jinja2Templates
 
+from gateway.errors import APIError, error_response
 from gateway.samples import EXPORT_STYLES
 from gateway.state import GatewayState, State
 from gateway.store.summaries import SessionFilter
-from gateway.ui.access import COOKIE, is_admin
+from gateway.ui.access import COOKIE, is_admin, offered_key, stale_cookie
+from gateway.ui.openapi import key_parameters, metrics_responses, page_responses, static_responses
 from gateway.ui.runs import run_dirs, run_metrics
 from gateway.ui.session_view import build_session_view
 from gateway.ui.tokens import TokenTexts
@@ -31,7 +40,7 @@ STATIC = HERE / "static"
 STATIC_FILES = {p.relative_to(STATIC).as_posix(): p for p in STATIC.rglob("*") if p.is_file()}
 PAGE_SIZE = 50
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(prefix="/ui", tags=["viewer"])
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["fmt"] = lambda v, d=3: "" if v is None else f"{v:.{d}f}"
 
@@ -52,26 +61,46 @@ def _error(request: Request, status: int, message: str) -> HTMLResponse:
 
 
 def _gate(request: Request, state: GatewayState) -> Response | None:
-    """None when the caller is the admin; else the key form, or the redirect that
-    moves a `?key=` into a cookie."""
-    if not is_admin(state, request):
-        return _page(request, "login.html", 401, bad_key="key" in request.query_params)
+    """None when the caller is the admin; else the key form (a stale cookie cleared),
+    the lockout page, or the redirect that moves a `?key=` out of the address bar (into
+    the cookie when it is the admin key)."""
+    try:
+        admin = is_admin(state, request)
+    except APIError as exc:  # this client is locked out (auth_limits.py)
+        page = _error(request, exc.status, exc.message)
+        page.headers.update(exc.headers)
+        return page
+    if not admin:
+        page = _page(request, "login.html", 401, bad_key=offered_key(request) is not None)
+        if stale_cookie(state, request):
+            page.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+        return page
     key = request.query_params.get("key")
     if key is None:
         return None
     rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "key"])
     target = request.url.path + (f"?{rest}" if rest else "")
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, key, httponly=True, samesite="strict", path="/ui")
+    if state.keys.is_admin_key(key):  # not a wrong one beside an admin header
+        response.set_cookie(COOKIE, key, httponly=True, samesite="strict", path="/ui")
     return response
+
+
+def _html_page(*not_found: int) -> dict[str, Any]:
+    """A page's route arguments: what it declares in /openapi.json (fresh each time)."""
+    return {
+        "response_class": HTMLResponse,
+        "responses": page_responses(*not_found),
+        "openapi_extra": key_parameters(COOKIE),
+    }
 
 
 def _yes_no(value: str | None, yes: str = "yes", no: str = "no") -> bool | None:
     return True if value == yes else False if value == no else None
 
 
-@router.get("", response_class=HTMLResponse)
-@router.get("/sessions", response_class=HTMLResponse)
+@router.get("", **_html_page())
+@router.get("/sessions", **_html_page())
 async def sessions_page(
     request: Request,
     state: State,
@@ -118,7 +147,7 @@ async def sessions_page(
     )
 
 
-@router.get("/sessions/{session_id}", response_class=HTMLResponse)
+@router.get("/sessions/{session_id}", **_html_page(404))
 async def session_page(
     session_id: str,
     request: Request,
@@ -157,7 +186,7 @@ async def session_page(
     )
 
 
-@router.get("/runs", response_class=HTMLResponse)
+@router.get("/runs", **_html_page())
 async def runs_page(request: Request, state: State) -> Response:
     if (gate := _gate(request, state)) is not None:
         return gate
@@ -169,7 +198,7 @@ def _run(state: GatewayState, index: int):  # -> RunDir | None
     return runs[index] if 0 <= index < len(runs) else None
 
 
-@router.get("/runs/{index}", response_class=HTMLResponse)
+@router.get("/runs/{index}", **_html_page(404))
 async def run_page(index: int, request: Request, state: State) -> Response:
     if (gate := _gate(request, state)) is not None:
         return gate
@@ -181,21 +210,30 @@ async def run_page(index: int, request: Request, state: State) -> Response:
     return _page(request, "run.html", run=run)
 
 
-@router.get("/runs/{index}/metrics.json")
+@router.get(
+    "/runs/{index}/metrics.json",
+    responses=metrics_responses(),
+    openapi_extra=key_parameters(COOKIE),
+)
 async def run_metrics_json(index: int, request: Request, state: State) -> Response:
-    if not is_admin(state, request):
-        return JSONResponse({"error": {"message": "needs the admin key"}}, status_code=401)
-    run = _run(state, index)
-    if run is None:
-        return JSONResponse({"error": {"message": f"no run {index}"}}, status_code=404)
+    try:
+        if not is_admin(state, request):
+            raise APIError(401, "This needs the admin key.", code="admin_key_required")
+        run = _run(state, index)
+        if run is None:
+            raise APIError(404, f"No run {index}.", code="run_not_found")
+    except APIError as exc:  # in OpenAI's shape, as every JSON error of the gateway
+        return error_response(exc, request.url.path)
     return JSONResponse(await run_in_threadpool(run_metrics, run))
 
 
-@router.get("/static/{name:path}")
+@router.get(
+    "/static/{name:path}", response_class=Response, responses=static_responses(STATIC_FILES)
+)
 async def static(name: str) -> Response:
     """Open to all: vendored library and stylesheet, nothing recorded."""
     path = STATIC_FILES.get(name)
     if path is None:
-        return Response("not found", status_code=404)
+        return PlainTextResponse("not found", status_code=404)
     media = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return FileResponse(path, media_type=media, headers={"Cache-Control": "max-age=3600"})

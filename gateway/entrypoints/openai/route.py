@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from gateway import json_codec
 from gateway.api_schema import errors
 from gateway.entrypoints.hot_routes import direct
+from gateway.entrypoints.tool_names import check_tool_names
 from gateway.serving.endpoint import RetryIdentity
 
 # one server-sent event (OpenAPI < 3.2 describes each event of a stream, not the stream)
@@ -78,6 +79,7 @@ def openai_route(
             body, digest = state.bodies.parse(request_model, raw, caller.session.id, history)
         except ValidationError as exc:
             raise invalid_body(exc) from exc
+        check_tool_names(getattr(body, "tools", None))
         retry = RetryIdentity(digest, retry_count(request))
         reply = await state.serving(serving_cls).handle_request(body, caller.session, retry)
         if isinstance(reply, Response):  # a stream

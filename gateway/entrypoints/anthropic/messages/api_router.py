@@ -17,6 +17,7 @@ from gateway.entrypoints.anthropic.errors import (
 from gateway.entrypoints.anthropic.messages.protocol import CountTokensRequest, MessagesRequest
 from gateway.entrypoints.anthropic.messages.serving import MessagesServing
 from gateway.entrypoints.openai.route import openai_route, parse_body
+from gateway.entrypoints.tool_names import check_tool_names
 from gateway.errors import register_error_shape
 
 register_error_shape(PREFIX, anthropic_error_response)
@@ -36,6 +37,12 @@ router = openai_route(
 @router.post(
     "/messages/count_tokens",
     response_model=None,
+    openapi_extra={  # the body is parsed by hand (parse_body), so declared here
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": CountTokensRequest.model_json_schema()}},
+        }
+    },
     responses={
         200: {"model": CountTokens, "description": "The prompt's length in tokens."},
         **errors(400, 401, 410, 504, OVERLOADED, path=PREFIX),
@@ -46,6 +53,7 @@ async def count_tokens(request: Request) -> dict[str, Any]:
     state = request.app.state.gateway
     caller = await state.keys.resolve(request, allow_admin=False)
     body = parse_body(CountTokensRequest, await request.body())
+    check_tool_names(body.tools)
     serving: MessagesServing = state.serving(MessagesServing)
     messages, tools, tool_choice = await serving.chat_of(body, caller.session.id)
     return {"input_tokens": serving.count_tokens(messages, tools, tool_choice)}

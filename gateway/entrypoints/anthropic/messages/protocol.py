@@ -31,13 +31,32 @@ THINKING = "anthropic-thinking"
 OwnThinking = Callable[[str, str], bool]
 
 
+# what the OpenAPI document says a message is (Anthropic's roles; the conversion below
+# checks the rest), so that the fuzzer's valid bodies are answered, not refused
+_MESSAGE_SCHEMA = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"enum": ["user", "assistant"]},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "object", "required": ["type"]}},
+            ]
+        },
+    },
+}
+
+
 class CountTokensRequest(BaseModel):
     """`POST /v1/messages/count_tokens`: a Messages request without `max_tokens`."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str = "default"
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(
+        min_length=1, json_schema_extra={"items": _MESSAGE_SCHEMA}
+    )
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
