@@ -25,11 +25,15 @@ def run(mutation: str | None) -> tuple[bool, float, str]:
         env["TURNSTILE_MUTATION"] = mutation
     started = time.time()
     out = subprocess.run(
-        [str(ROOT / ".venv/bin/pytest"), "-q", "-p", "mutations", "tests/test_learning.py"],
+        [str(ROOT / ".venv/bin/pytest"), "-q", "-p", "tests.mutations", "tests/test_learning.py"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
-    lines = [ln for ln in out.stdout.splitlines() if "assert" in ln.lower() or "Error" in ln]
-    return out.returncode == 0, time.time() - started, (lines[-1] if lines else "").strip()
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("E ")] or [
+        *out.stdout.splitlines(),
+        *out.stderr.splitlines(),
+        "",
+    ][-2:]
+    return out.returncode == 0, time.time() - started, lines[0].strip()[:160]
 
 
 def main() -> int:

@@ -207,7 +207,7 @@ async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
 async def test_mode_and_pool_size_are_checked() -> None:
     async with httpx.AsyncClient() as http:
         admin = GatewayAdmin("http://unused/v1", None, http)
-        with pytest.raises(WorkflowError, match="'inline' or 'subproc', got 'thread'"):
+        with pytest.raises(WorkflowError, match="'inline', 'subproc' or 'ray', got 'thread'"):
             AgentRunner(admin, "http://unused/v1", object(), http, mode="thread")
         with pytest.raises(WorkflowError, match="subproc runs `async def run.*object has none"):
             AgentRunner(admin, "http://unused/v1", object(), http, mode="subproc")
