@@ -3,13 +3,12 @@ gateway, real model and real DeepSpeed, must raise its training reward past a th
 (prime-rl's integration tests are the anchor: a final-reward threshold and a
 sampler-vs-trainer logprob mismatch of at most 0.02).
 
-The task: answer briefly. SmolLM2-135M-Instruct ends fewer than one reply in five within
-16 tokens; the reward is the share of the 16-token budget a reply left unused, 0 when it
-was cut off or holds no word. Every group has spread from the first step, so a working trainer moves it
-within a few steps, and a broken one does not: a flipped advantage sign makes replies
-longer, a skipped weight push leaves the sampler where it started, and logprobs read
-one token off break the mismatch bound (docs/training.md, "The learning test", has the
-mutation runs).
+The task: answer briefly ("Say something about rain in a few words."). The reward is
+the share of a 24-token budget that a finished reply left unused, 0 when the reply was
+cut off or holds no word. A working trainer moves it within a few steps (seeds 3, 5 and
+6: from 0.13-0.23 at the first step to 0.89-0.90 at the eighth); a broken one does not
+(`python -m bench.mutations`: a flipped advantage sign, logprobs read one token off, a
+skipped weight push; docs/training.md, "The learning test").
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
-MAX_TOKENS = 16
+MAX_TOKENS = 24
 TOPICS = ["the sea", "cats", "rain", "music", "bread", "trains", "the moon", "winter",
           "books", "gardens", "bees", "maps", "tea", "snow", "rivers", "clocks"]  # fmt: skip
 
@@ -50,7 +49,12 @@ class BriefAgent:
 
 def brief_rows() -> list[dict]:
     return [
-        {"messages": [{"role": "user", "content": f"Say something about {topic}."}], "answer": ""}
+        {
+            "messages": [
+                {"role": "user", "content": f"Say something about {topic} in a few words."}
+            ],
+            "answer": "",
+        }
         for topic in TOPICS
     ]
 
