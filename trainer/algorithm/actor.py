@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.algorithm.advantages import get_advantage
+from trainer.algorithm.advantages import get_advantage, group_baselines
 from trainer.algorithm.losses import get_loss
 from trainer.backend import (
     LossFn,
@@ -200,12 +200,12 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1.0
 
 
-def zero_spread_share(returns: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> float:
+def zero_spread_share(returns: torch.Tensor, groups: torch.Tensor) -> float:
     """Share of groups whose samples all scored the same: they teach nothing, and when it
     nears 1 the run has stopped learning (every answer right, or every answer wrong)."""
+    _, scale = group_baselines(returns, groups, "none")  # scale 0: the group is flat
     ids = groups.unique()
-    flat = sum(1 for g in ids if float(returns[groups == g].double().std(unbiased=False)) <= eps)
-    return flat / max(1, len(ids))
+    return sum(1 for g in ids if float(scale[groups == g][0]) == 0.0) / max(1, len(ids))
 
 
 # stats of several updates that add up; the others are averaged
