@@ -663,7 +663,7 @@ class Trainer:
             "episodes": len(episodes),
             "episode_errors": sum(1 for ep in episodes if ep.error),
             # runs again after a worker or node died (subproc, ray)
-            "episode_retries": sum(getattr(ep, "retries", 0) for ep in episodes),
+            "episode_retries": sum(ep.retries for ep in episodes),
             "episodes_without_reward": sum(1 for ep in episodes if ep.no_reward),
             "completions": completions,
             "turns_per_episode": completions / max(1, len(episodes)),
