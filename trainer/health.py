@@ -76,9 +76,10 @@ class CollapseWatch:
         """The warning line for this step, or None. One line when a collapse starts;
         while it holds, nothing more until it has cleared."""
         self.rows.append(row)
-        reasons = self._form_reasons(row)
+        found = self._form_reasons(row)
+        reasons = list(found.values())
         fell = self._reward_fell()
-        degenerate = sum(("cut off" in r or "repetition" in r) for r in reasons) == 2
+        degenerate = {"truncated", "repetition"} <= found.keys()
         firing = (fell is not None and bool(reasons)) or degenerate
         if fell is not None:
             reasons.insert(0, fell)
@@ -91,20 +92,21 @@ class CollapseWatch:
             return None
         return f"warning: step {row.get('step')} looks like a collapse: " + "; ".join(reasons)
 
-    def _form_reasons(self, row: dict[str, Any]) -> list[str]:
-        out = []
+    def _form_reasons(self, row: dict[str, Any]) -> dict[str, str]:
+        """The form signals that fired this step: signal -> its reason, as printed."""
+        out = {}
         trunc, rep, kl = row.get("truncated_frac"), row.get("repetition"), row.get("kl_ref")
         if trunc is not None and trunc >= self.max_truncated:
-            out.append(f"{trunc:.0%} of answers cut off at max_tokens")
+            out["truncated"] = f"{trunc:.0%} of answers cut off at max_tokens"
         if rep is not None and rep >= self.max_repetition:
-            out.append(f"repetition {rep:.2f} >= {self.max_repetition}")
+            out["repetition"] = f"repetition {rep:.2f} >= {self.max_repetition}"
         if kl is not None and kl > self.max_kl:
-            out.append(f"KL to the starting policy {kl:.3f} > {self.max_kl}")
+            out["kl"] = f"KL to the starting policy {kl:.3f} > {self.max_kl}"
         base = [r["entropy"] for r in self.rows[: self.baseline_steps] if "entropy" in r]
         ent = row.get("entropy")
         if ent is not None and len(base) == self.baseline_steps:
             if ent < self.min_entropy_ratio * mean(base):
-                out.append(
+                out["entropy"] = (
                     f"entropy {ent:.3f} < {self.min_entropy_ratio} x its start {mean(base):.3f}"
                 )
         return out
