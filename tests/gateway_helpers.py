@@ -107,3 +107,10 @@ def store_connection(database: str) -> Iterator[sa.Connection]:
             yield conn
     finally:
         engine.dispose()
+
+
+async def list_sessions(gw: Any, http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    """Every session the gateway holds, as the admin's `GET /sessions` lists them."""
+    r = await http.get(f"{gw.url}/sessions", headers=admin_headers())
+    assert r.status_code == 200, r.text
+    return r.json()["data"]

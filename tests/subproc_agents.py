@@ -81,3 +81,8 @@ class LambdaAgent:
 
     async def run(self, data: dict, **extra_kwargs) -> float:
         return 1.0
+
+
+def read_reports(report_dir: Path) -> list[dict]:
+    """What each ReportingSyncAgent run wrote to `report_dir`, in file-name order."""
+    return [json.loads(p.read_text()) for p in sorted(report_dir.glob("*.json"))]

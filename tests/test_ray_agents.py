@@ -4,7 +4,6 @@ A dead worker's episode runs again in a new session; nothing is recorded twice."
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_helpers import ADMIN_KEY, admin_headers
+from gateway_helpers import ADMIN_KEY, list_sessions
+from subproc_agents import read_reports
 
 from trainer.loading import make_workflow
 from trainer.rollout.agent_runner import AgentRunner
@@ -43,16 +43,6 @@ def _runner(gw: Any, http: httpx.AsyncClient, tmp_path: Path, **kw: Any) -> Agen
     return AgentRunner(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url, agent, http, mode="ray", **kw)
 
 
-def _reports(tmp_path: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
-
-
-async def _sessions(gw: Any, http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    r = await http.get(f"{gw.url}/sessions", headers=admin_headers())
-    assert r.status_code == 200, r.text
-    return r.json()["data"]
-
-
 async def test_an_agent_loaded_by_path_runs_as_a_ray_task_with_the_inline_arguments(
     cluster, gateway_factory, tmp_path
 ) -> None:
@@ -63,7 +53,7 @@ async def test_an_agent_loaded_by_path_runs_as_a_ray_task_with_the_inline_argume
         episodes = await runner.run_group(data, group=1, group_size=2)
         views = {ep.session_id: await GatewayAdmin(gw.url, ADMIN_KEY, http).session(ep.session_id)
                  for ep in episodes}  # fmt: skip
-    reports = {r["completion_id"]: r for r in _reports(tmp_path)}
+    reports = {r["completion_id"]: r for r in read_reports(tmp_path)}
     assert len(reports) == 2
     for ep in episodes:
         assert ep.error is None and ep.reward == 0.5 and ep.retries == 0
@@ -83,7 +73,7 @@ async def test_an_agent_exception_fails_only_its_episode_and_is_not_retried(
     async with httpx.AsyncClient(timeout=120) as http:
         runner = _runner(gw, http, tmp_path, max_retries=2)
         ep = await runner.run_episode({"behave": "raise", "tag": "t1"}, group=0)
-        sessions = await _sessions(gw, http)
+        sessions = await list_sessions(gw, http)
     assert ep.error == "ValueError: agent failed on purpose (t1)"
     assert ep.retries == 0 and not ep.worker_died
     assert len(sessions) == 1 and sessions[0]["ended_at"] is not None
@@ -97,7 +87,7 @@ async def test_a_dead_worker_runs_the_episode_again_in_a_new_session(
     async with httpx.AsyncClient(timeout=120) as http:
         runner = _runner(gw, http, tmp_path, max_retries=1)
         ep = await runner.run_episode(data, group=0)
-        sessions = await _sessions(gw, http)
+        sessions = await list_sessions(gw, http)
         admin = GatewayAdmin(gw.url, ADMIN_KEY, http)
         views = [await admin.session(s["id"]) for s in sessions]
         # with no retries left, the death is the episode's error
@@ -109,5 +99,5 @@ async def test_a_dead_worker_runs_the_episode_again_in_a_new_session(
     assert len(sessions) == 2 and all(s["ended_at"] is not None for s in sessions)
     # the dead run's session holds nothing; the episode was recorded once, in the new one
     assert sorted(len(v["completions"]) for v in views) == [0, 1]
-    assert [r["tag"] for r in _reports(tmp_path)] == ["once"]
+    assert [r["tag"] for r in read_reports(tmp_path)] == ["once"]
     assert dead.worker_died and "AgentWorkerDied" in dead.error and dead.retries == 0

@@ -4,7 +4,6 @@ gateway with the fake engine (it answers "The answer is 4.")."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_helpers import ADMIN_KEY, admin_headers
+from gateway_helpers import ADMIN_KEY, list_sessions
+from subproc_agents import read_reports
 
 from trainer.loading import WorkflowError, make_workflow
 from trainer.rollout.agent_runner import AgentRunner, Episode
@@ -49,16 +49,6 @@ def _reporting_agent(tmp_path: Path) -> Any:
     return make_workflow(f"{AGENTS}:ReportingSyncAgent", {"report_dir": str(tmp_path)})
 
 
-def _reports(tmp_path: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
-
-
-async def _sessions(gw: Any, http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    r = await http.get(f"{gw.url}/sessions", headers=admin_headers())
-    assert r.status_code == 200, r.text
-    return r.json()["data"]
-
-
 async def test_sync_openai_agent_runs_in_a_worker_with_the_session_env(
     gateway_factory, pool, tmp_path
 ) -> None:
@@ -73,7 +63,7 @@ async def test_sync_openai_agent_runs_in_a_worker_with_the_session_env(
         admin = GatewayAdmin(gw.url, ADMIN_KEY, http)
         views = {ep.session_id: await admin.session(ep.session_id) for ep in episodes}
 
-    reports = _reports(tmp_path)
+    reports = read_reports(tmp_path)
     assert len(reports) == 3
     by_completion = {r["completion_id"]: r for r in reports}
     for ep in episodes:
@@ -118,7 +108,7 @@ async def test_unpicklable_agent_fails_before_any_session(gateway_factory, cls, 
     async with httpx.AsyncClient(timeout=60) as http:
         with pytest.raises(SubprocPicklingError) as info:
             AgentRunner(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url, agent, http, mode="subproc")
-        assert await _sessions(gw, http) == []
+        assert await list_sessions(gw, http) == []
     message = str(info.value)
     assert isinstance(info.value, WorkflowError)
     assert "agent must be picklable" in message and "subproc" in message
@@ -138,7 +128,7 @@ async def test_unpicklable_data_fails_before_its_session(gateway_factory, tmp_pa
         )
         with pytest.raises(SubprocPicklingError, match="data must be picklable.*mode: inline"):
             await runner.run_episode({"messages": QUESTION, "check": lambda x: x}, group=0)
-        assert await _sessions(gw, http) == []
+        assert await list_sessions(gw, http) == []
         await runner.close()  # no worker was ever started
 
 
@@ -156,7 +146,7 @@ async def test_agent_errors_become_episode_errors(gateway_factory, pool, tmp_pat
             await pool.run(
                 runner.agent, {"behave": "raise", "tag": "t2"}, base_url=gw.url, api_key="k"
             )
-        sessions = await _sessions(gw, http)
+        sessions = await list_sessions(gw, http)
     assert raised.error == "ValueError: agent failed on purpose (t1)"
     # ... and by name and message when it does not.
     assert odd.error == "NeedsArgsError: weird (code 7)"
