@@ -18,7 +18,7 @@ from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions
 from gateway.entrypoints.anthropic.messages import api_router as messages
-from gateway.entrypoints.hot_routes import GatewayAPI
+from gateway.entrypoints.hot_routes import GeneratingRoutes
 from gateway.entrypoints.incremental_body import IncrementalBodies
 from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
@@ -69,7 +69,7 @@ def create_app(
     config: GatewayConfig | None = None,
     engine: InferenceEngine | None = None,
     state: GatewayState | None = None,
-) -> GatewayAPI:
+) -> FastAPI:
     config = config or (state.config if state else GatewayConfig())
     state = state or build_state(config, engine)
 
@@ -96,13 +96,21 @@ def create_app(
             state.recorder.stop()
             state.repo.engine.dispose()  # give a shared PostgreSQL its connections back
 
-    app = GatewayAPI(title="Turnstile gateway", version="0.1.0", lifespan=lifespan)
+    # FastAPI's OpenTelemetry instrumentation off: the gateway's metrics are Prometheus
+    # (gateway/metrics.py), and its check for global providers ran on every request.
+    app = FastAPI(
+        title="Turnstile gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.state.gateway = state
-    install_error_handlers(app)  # innermost: the unexpected-error catcher
+    # innermost: the generating POSTs, answered before the router (hot_routes.py)
+    app.add_middleware(GeneratingRoutes, routers=[m.router for m in ROUTERS])
+    install_error_handlers(app)  # then the unexpected-error catcher
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status
     for module in ROUTERS:
         app.include_router(module.router)
-    app.serve_directly(m.router for m in ROUTERS)
     install_openapi(app)
     return app

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -128,43 +128,53 @@ def register_error_shape(prefix: str, shape: ErrorShape) -> None:
     _SHAPES[:] = [(p, s) for p, s in _SHAPES if p != prefix] + [(prefix, shape)]
 
 
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc, request.url.path)
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        msg, param = "Request body is not valid JSON.", None
+    return error_response(
+        APIError(
+            400,
+            f"{msg}" + (f" (at {param})" if param else ""),
+            code="invalid_request",
+            param=param,
+        ),
+        request.url.path,
+    )
+
+
+async def _store(_: Request, exc: DBAPIError) -> JSONResponse:
+    if store_unavailable(exc):
+        return error_response(store_unavailable_error(exc))
+    log.error("store query failed", exc_info=exc)
+    return error_response(APIError(500, "internal error: store query failed"))
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(APIError(exc.status_code, str(exc.detail), code=None), request.url.path)
+
+
+# The gateway's exception handlers, by class: given to FastAPI, and used as they are by
+# the generating routes' dispatcher (gateway/entrypoints/hot_routes.py).
+EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]] = {
+    APIError: _api_error,
+    RequestValidationError: _validation,
+    DBAPIError: _store,
+    StarletteHTTPException: _http,
+}
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc, request.url.path)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
-        param = ".".join(loc) or None
-        msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            msg, param = "Request body is not valid JSON.", None
-        return error_response(
-            APIError(
-                400,
-                f"{msg}" + (f" (at {param})" if param else ""),
-                code="invalid_request",
-                param=param,
-            ),
-            request.url.path,
-        )
-
-    @app.exception_handler(DBAPIError)
-    async def _store(_: Request, exc: DBAPIError) -> JSONResponse:
-        if store_unavailable(exc):
-            return error_response(store_unavailable_error(exc))
-        log.error("store query failed", exc_info=exc)
-        return error_response(APIError(500, "internal error: store query failed"))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(
-            APIError(exc.status_code, str(exc.detail), code=None), request.url.path
-        )
-
+    for cls, handler in EXCEPTION_HANDLERS.items():
+        app.add_exception_handler(cls, handler)
     # Not `exception_handler(Exception)`: Starlette runs that one in its outermost
     # middleware and re-raises afterwards, which makes uvicorn drop the keep-alive
     # connection under the client's feet. Answering here keeps the connection usable.

@@ -1,11 +1,13 @@
-"""The generating routes skip FastAPI's router (gateway/entrypoints/hot_routes.py), and
-what a client sees is what FastAPI's path gave: the answer, the statuses, both APIs'
-error shapes, the request timer's route label, and the other routes as before."""
+"""The generating routes are answered by a pure ASGI middleware before FastAPI's router
+(gateway/entrypoints/hot_routes.py), and what a client sees is what FastAPI's path gave:
+the answer, the statuses, both APIs' error shapes, the request timer's route label, and
+the other routes as before. The app is a plain FastAPI app: nothing overrides it."""
 
 from __future__ import annotations
 
 import collections
 
+from fastapi import FastAPI
 from gateway_helpers import FAKE_REPLY, assert_error_shape, bearer, http_client
 from starlette.routing import Router
 from test_metrics import scrape
@@ -58,6 +60,7 @@ def test_generating_routes_skip_the_router_and_keep_their_answers_and_errors(
         assert http.get(f"{gw.url}/models", headers=bearer(key)).status_code == 200
         m = scrape(gw)
 
+    assert type(gw.app) is FastAPI
     hot = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
     assert not hot & {p for p, n in routed.items() if n and p != "/v1/chat/completions"}
     assert routed["/v1/chat/completions"] == 1  # the GET only

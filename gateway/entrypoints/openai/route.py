@@ -3,8 +3,9 @@ the request to its endpoint's serving handler (`OpenAIServing.handle_request`).
 
 Written as one plain handler rather than FastAPI parameters and dependencies: this runs
 for every turn of every agent, and resolving three dependencies plus FastAPI's
-json-then-validate body parsing cost more than the steps themselves. It is served
-`direct` (gateway/entrypoints/hot_routes.py): FastAPI's routing is not in its way. The body is
+json-then-validate body parsing cost more than the steps themselves. It is marked
+`direct`: a middleware answers it before FastAPI's router (gateway/entrypoints/hot_routes.py),
+so FastAPI's routing is not in its way. The body is
 validated from its bytes once (pydantic's `model_validate_json`; where it extends the
 session's previous body, only its new part: incremental_body.py), the bytes hashed for
 retry detection, and errors keep the shapes FastAPI's own path gives (an unknown key is
