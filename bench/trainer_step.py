@@ -104,8 +104,9 @@ def main() -> None:
 
     from gateway.inference.model_source import resolve_model_dir
     from trainer.algorithm.actor import PPOActor, to_sequences
-    from trainer.backend import DeepSpeedEngine, pad_sequences
-    from trainer.config import TrainConfig
+    from trainer.api.config import TrainConfig
+    from trainer.backend.batches import pad_sequences
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
     from trainer.rollout.agent_runner import Episode
 
     torch.manual_seed(0)

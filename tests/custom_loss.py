@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from trainer.api import register_advantage, register_loss
-from trainer.config import TrainConfig
+from trainer.api.config import TrainConfig
 
 CALLS: list[int] = []  # the trained tokens of every micro-batch the loss saw
 

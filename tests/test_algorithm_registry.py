@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.algorithm import PPOActor, get_advantage, get_loss, to_sequences
-from trainer.backend import pad_sequences
-from trainer.config import ConfigError, TrainConfig
+from trainer.algorithm.actor import PPOActor, to_sequences
+from trainer.algorithm.advantages import get_advantage
+from trainer.algorithm.losses import get_loss
+from trainer.api.config import ConfigError, TrainConfig
+from trainer.backend.batches import pad_sequences
 from trainer.rollout.agent_runner import Episode
 
 
@@ -147,7 +149,7 @@ class TinyEngine:
 
 @pytest.mark.parametrize("stale", [False, True])
 def test_minibatches_are_updates_measured_against_the_step_start_policy(stale) -> None:
-    from trainer.backend import next_token_logprobs, predicting_positions
+    from trainer.backend.functional import next_token_logprobs, predicting_positions
 
     engine = TinyEngine()
     batch = _batch()

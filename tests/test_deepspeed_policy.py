@@ -7,8 +7,9 @@ import torch
 from trainer_helpers import make_tiny_model
 
 from trainer.algorithm.losses import ppo_clip_loss
-from trainer.backend import next_token_logprobs, pad_sequences, predicting_positions
-from trainer.config import TrainConfig
+from trainer.api.config import TrainConfig
+from trainer.backend.batches import pad_sequences
+from trainer.backend.functional import next_token_logprobs, predicting_positions
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def _on_policy_ppo(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.T
 @pytest.fixture(scope="module")
 def zero3_grad_norm(tiny_model_dir) -> float:
     """The first step's gradient norm as DeepSpeed's ZeRO-3 computes it in `step()`."""
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     policy = DeepSpeedEngine(tiny_model_dir, TrainConfig(zero_stage=3, micro_batch_tokens=6))
     policy.train_batch(_batch(), _on_policy_ppo, lambda mb: mb["loss_mask"].sum())
@@ -50,7 +51,7 @@ def zero3_grad_norm(tiny_model_dir) -> float:
 def test_every_zero_stage_takes_a_step_and_exports_full_weights(
     stage, tiny_model_dir, zero3_grad_norm
 ) -> None:
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     policy = DeepSpeedEngine(
         tiny_model_dir, TrainConfig(zero_stage=stage, lr=1e-2, micro_batch_tokens=6)
@@ -70,14 +71,14 @@ def test_every_zero_stage_takes_a_step_and_exports_full_weights(
 
 
 def test_unknown_zero_stage_is_a_clear_error(tiny_model_dir) -> None:
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     with pytest.raises(ValueError, match="zero_stage"):
         DeepSpeedEngine(tiny_model_dir, TrainConfig(zero_stage=4))
 
 
 def test_warmup_raises_the_learning_rate_linearly_then_holds(tiny_model_dir) -> None:
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     policy = DeepSpeedEngine(tiny_model_dir, TrainConfig(lr=1e-2, warmup_steps=3))
     rates = []
@@ -88,7 +89,7 @@ def test_warmup_raises_the_learning_rate_linearly_then_holds(tiny_model_dir) -> 
 
 
 def test_negative_warmup_is_a_config_error() -> None:
-    from trainer.config import ConfigError
+    from trainer.api.config import ConfigError
 
     with pytest.raises(ConfigError, match="warmup_steps"):
         TrainConfig(warmup_steps=-1)

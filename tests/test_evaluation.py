@@ -13,7 +13,7 @@ import pytest
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
 from trainer import Trainer
-from trainer.config import ConfigError, EvalConfig, load_config
+from trainer.api.config import ConfigError, EvalConfig, load_config
 from trainer.evaluation import held_out_rows, mean_interval, summarise, wilson_interval
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,14 +12,10 @@ from trainer_helpers import make_tiny_model
 
 from trainer.algorithm.actor import PPOActor, kl_k3, zero_spread_share
 from trainer.algorithm.losses import grpo
-from trainer.backend import (
-    forward_logits,
-    next_token_entropy,
-    next_token_logprobs,
-    pad_sequences,
-)
+from trainer.api.config import ConfigError, TrainConfig
+from trainer.backend.batches import pad_sequences
 from trainer.backend.deepspeed_engine import lr_factor
-from trainer.config import ConfigError, TrainConfig
+from trainer.backend.functional import forward_logits, next_token_entropy, next_token_logprobs
 from trainer.health import CollapseWatch, answer_signals, repetition
 
 
@@ -41,7 +37,7 @@ def test_cosine_schedule_after_warmup_by_hand() -> None:
 
 
 def test_the_engine_runs_the_cosine_schedule(tiny_model_dir) -> None:
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     cfg = TrainConfig(lr=1e-2, lr_schedule="cosine", min_lr_ratio=0.0, lr_decay_steps=3)
     policy = DeepSpeedEngine(tiny_model_dir, cfg)
@@ -116,7 +112,7 @@ def _on_policy(policy, seqs):
 
 
 def test_kl_penalty_is_added_to_the_loss_by_hand(tiny_model_dir) -> None:
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     cfg = TrainConfig(kl_coef=0.5, lr=1e-2)
     policy = DeepSpeedEngine(tiny_model_dir, cfg)
@@ -150,7 +146,7 @@ def test_kl_penalty_is_added_to_the_loss_by_hand(tiny_model_dir) -> None:
 def test_kl_pulls_a_drifted_policy_back_even_when_no_group_has_spread(tiny_model_dir) -> None:
     """Every answer scored the same: no policy gradient. Without a KL term nothing moves;
     with one, the step trains those samples too and the policy comes closer to its start."""
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     def drifted(kl_coef):
         cfg = TrainConfig(kl_coef=kl_coef, lr=3e-3)
@@ -178,7 +174,7 @@ def test_kl_pulls_a_drifted_policy_back_even_when_no_group_has_spread(tiny_model
 
 
 def test_reference_is_the_starting_policy_and_stays_frozen(tiny_model_dir) -> None:
-    from trainer.backend import DeepSpeedEngine
+    from trainer.backend.deepspeed_engine import DeepSpeedEngine
 
     cfg = TrainConfig(lr=1e-2)
     policy = DeepSpeedEngine(tiny_model_dir, cfg)

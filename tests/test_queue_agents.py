@@ -10,22 +10,20 @@ from pathlib import Path
 import pytest
 
 from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
-from trainer.config import load_config
-from trainer.rollout import queue_agents, registry
-from trainer.rollout.engine import RolloutEngine
-from trainer.rollout.llm_api import GenerationHyperparameters
-from trainer.rollout.queue_agents import (
+from trainer.api import (
     Agent,
     BundledGenerationOutputs,
     EnvironmentService,
-    QueueAgentRunner,
-    RegistryError,
+    GenerationHyperparameters,
     import_file,
-    make_agent,
-    make_env,
+    load_config,
     register_agent,
     register_env,
+    registry,
 )
+from trainer.api.registry import RegistryError, make_agent, make_env
+from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.queue_agents import QueueAgentRunner
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_FILE = REPO / "agents" / "math_multi_turn_queue.py"
@@ -110,7 +108,7 @@ def test_registry(registries) -> None:  # type: ignore[no-untyped-def]
     register_env("my-env", MathSingleStepEnv)
     with pytest.raises(RegistryError, match="already registered"):
         register_env("math-single-step", EchoEnv)
-    assert "math-multi-turn" in queue_agents.registered_agents()
+    assert "math-multi-turn" in registry.registered_agents()
     assert isinstance(make_env("math-single-step"), MathSingleStepEnv)
 
 

@@ -13,16 +13,20 @@ import torch
 
 from gateway.inference.base import SamplingParams
 from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
-from trainer.config import load_config
+from trainer.api import (
+    GenerationHyperparameters,
+    LLMRequest,
+    RolloutWorkflow,
+    import_file,
+    load_config,
+)
 from trainer.rollout.engine import (
     ContextTooLongError,
     EmptyPromptError,
     GenerationError,
     RolloutEngine,
 )
-from trainer.rollout.llm_api import GenerationHyperparameters, LLMRequest
-from trainer.rollout.queue_agents import import_file
-from trainer.rollout.workflow import RolloutWorkflow, TokenWorkflowRunner, episode_samples
+from trainer.rollout.workflow import TokenWorkflowRunner, episode_samples
 
 REPO = Path(__file__).resolve().parent.parent
 REMAX = import_file(REPO / "agents" / "remax.py")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tensorboardX.proto import event_pb2
 
-from trainer.config import ConfigError, load_config
+from trainer.api.config import ConfigError, load_config
 from trainer.run_log import RunLog
 from trainer.trackers import TRACKERS, make_trackers
 from trainer.trackers.base import TrackerError

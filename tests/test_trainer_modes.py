@@ -189,7 +189,7 @@ def test_training_against_sglang_pushes_each_version_through_disk(tmp_path, tiny
 def test_a_loss_registered_outside_the_package_trains(tmp_path, tiny_model) -> None:
     from safetensors.torch import load_file
 
-    from trainer.algorithm import get_loss
+    from trainer.algorithm.losses import get_loss
 
     cfg = _base(
         tmp_path / "run", tiny_model,

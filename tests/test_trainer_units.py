@@ -12,12 +12,11 @@ from trainer_helpers import tiny_llama
 
 from gateway.samples import NoRewardError, discounted_returns
 from gateway.samples.individual import individual_samples
-from trainer.algorithm import get_advantage
+from trainer.algorithm.advantages import get_advantage
 from trainer.algorithm.losses import ppo_clip_loss, reinforce_loss
-from trainer.backend import next_token_logprobs, pad_sequences, predicting_positions
-from trainer.backend.batches import micro_batches, split_padded
-from trainer.backend.functional import forward_logits
-from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.api.config import ConfigError, TrainConfig, load_config
+from trainer.backend.batches import micro_batches, pad_sequences, split_padded
+from trainer.backend.functional import forward_logits, next_token_logprobs, predicting_positions
 from trainer.rollout.agent_runner import RewardShapeError, rewards_from_return
 
 

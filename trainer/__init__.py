@@ -14,7 +14,7 @@ def __getattr__(name: str) -> Any:
 
         return Trainer
     if name in ("TrainerConfig", "load_config"):
-        from trainer import config
+        from trainer.api import config
 
         return getattr(config, name)
     raise AttributeError(name)

@@ -10,7 +10,7 @@ from gateway import cli as gateway_cli
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from trainer.config import ConfigError, load_config
+    from trainer.api.config import ConfigError, load_config
     from trainer.trainer import Trainer
 
     logging.basicConfig(
@@ -72,7 +72,7 @@ def _eval_line(e: dict) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from trainer.config import ConfigError, load_config
+    from trainer.api.config import ConfigError, load_config
     from trainer.trainer import Trainer
 
     logging.basicConfig(level=logging.WARNING)

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainer.config import EvalConfig
+from trainer.api.config import EvalConfig
 from trainer.datasets import load_dataset
 
 Z95 = 1.959964

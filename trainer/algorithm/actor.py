@@ -16,15 +16,14 @@ import torch
 
 from trainer.algorithm.advantages import get_advantage, group_baselines
 from trainer.algorithm.losses import get_loss
-from trainer.backend import (
-    LossFn,
-    TrainEngine,
+from trainer.api.config import TrainConfig
+from trainer.api.train_engine import LossFn, TrainEngine
+from trainer.backend.functional import (
     forward_logits,
     next_token_entropy,
     next_token_logprobs,
     predicting_positions,
 )
-from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
     from trainer.rollout.agent_runner import Episode

@@ -1,25 +1,17 @@
-"""Advantage estimators, chosen by name (`train.advantage`): a new one is one function.
+"""The built-in advantage estimator (`train.advantage: grpo`) and group baselines.
 
-`@register_advantage("name") def fn(batch, cfg)` gets one step's padded batch: (B,)
-`returns` and `group` (the dataset row), (B, L) `token_returns` (each token's own
-return: the scalar return unless a concat export gave per-turn ones), `loss_mask`, ...;
-and the `TrainConfig`. It returns every token's advantage (B, L); masked tokens are
-ignored, and samples with no nonzero advantage are not trained on.
+A new estimator is one function decorated `@register_advantage("name")`
+(trainer/api/registry.py says what it gets and returns).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from gateway.registry import Registry
-from trainer.config import ConfigError, TrainConfig
+from trainer.api.config import TrainConfig
+from trainer.api.registry import ESTIMATORS, register_advantage
 
-Estimator = Callable[[dict[str, torch.Tensor], TrainConfig], torch.Tensor]
-ESTIMATORS: Registry[Estimator] = Registry("train.advantage", "estimators", error=ConfigError)
-register_advantage = ESTIMATORS.register  # `@register_advantage("name")`: `train.advantage`
-get_advantage = ESTIMATORS.lookup
+get_advantage = ESTIMATORS.lookup  # through this module, so the built-ins are registered
 
 
 @register_advantage("grpo")

@@ -1,27 +1,17 @@
-"""Policy-gradient losses, chosen by name (`train.loss`): a new loss is one function.
+"""The built-in policy-gradient losses (`train.loss`: grpo, ppo, reinforce).
 
-`@register_loss("name") def fn(logprobs, mb, cfg)` gets `logprobs` (T,) of every token
-under the policy being trained, a packed micro-batch `mb` of per-token (T,) tensors
-(`input_ids`, `loss_mask`, behaviour `logprobs`, `versions`, `advantages`, and
-`prox_logprobs` when tokens are stale) and the `TrainConfig`. It returns the SUM over
-trained tokens and stats: the actor divides by the step's trained tokens, so every
-token weighs the same however the step was split into micro-batches.
+A new loss is one function decorated `@register_loss("name")` (trainer/api/registry.py
+says what it gets and returns).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from gateway.registry import Registry
-from trainer.config import ConfigError, TrainConfig
+from trainer.api.config import TrainConfig
+from trainer.api.registry import LOSSES, LossResult, register_loss
 
-LossResult = tuple[torch.Tensor, dict[str, float]]  # (sum over trained tokens, stats)
-Loss = Callable[[torch.Tensor, dict[str, torch.Tensor], TrainConfig], LossResult]
-LOSSES: Registry[Loss] = Registry("train.loss", "losses", error=ConfigError)
-register_loss = LOSSES.register  # `@register_loss("name")`: selectable as `train.loss: name`
-get_loss = LOSSES.lookup
+get_loss = LOSSES.lookup  # through this module, so the built-ins are registered
 
 
 @register_loss("grpo")

@@ -1,8 +1,21 @@
-"""The one import surface for user code: agents, workflows, environments and losses.
+"""The user-facing contracts, and the one import surface for user code.
 
-    from trainer.api import RolloutWorkflow, LLMRequest, register_loss, import_file
+    from trainer.api import RolloutWorkflow, LLMRequest, register_loss, TrainConfig
 
-Names resolve on first use, so an agent that needs only `import_file` (say, in a
+The contracts themselves live in this package, one module each:
+
+- `workflow.py`: an agent (`AgentWorkflow`: `async def run(self, data, **extra_kwargs)`)
+  and a token-level `RolloutWorkflow` (`arun_episode(engine, data)`);
+- `agent.py`: the queue-based `Agent` (`collect_trajectory`), its `EnvironmentService`
+  and the `BundledGenerationOutputs` it is sent;
+- `io_struct.py`: `LLMRequest`, `LLMResponse`, `GenerationHyperparameters`;
+- `train_engine.py`: `TrainEngine.train_batch(data, loss_fn, loss_weight_fn)`;
+- `registry.py`: `register_loss`, `register_advantage`, `register_export_style`,
+  `register_agent`, `register_env`;
+- `config.py`: the YAML config's dataclasses (every field with its help) and `load_config`.
+
+The names below (those and the implementations a user's code calls or subclasses)
+resolve on first use, so an agent that needs only `import_file` (say, in a
 `mode: subproc` worker) does not pay for importing torch and DeepSpeed.
 """
 
@@ -14,29 +27,43 @@ from typing import Any
 _WHERE = {
     # running training
     "Trainer": "trainer.trainer",
-    "TrainerConfig": "trainer.config",
-    "TrainConfig": "trainer.config",
-    "load_config": "trainer.config",
     "import_file": "trainer.loading",
     "load_dataset": "trainer.datasets",
-    # token-level workflows
-    "RolloutWorkflow": "trainer.rollout.workflow",
+    # configs
+    "AgentConfig": "trainer.api.config",
+    "ConfigError": "trainer.api.config",
+    "EvalConfig": "trainer.api.config",
+    "GatewayConfig": "trainer.api.config",
+    "RayConfig": "trainer.api.config",
+    "RolloutConfig": "trainer.api.config",
+    "TrackersConfig": "trainer.api.config",
+    "TrainConfig": "trainer.api.config",
+    "TrainerConfig": "trainer.api.config",
+    "load_config": "trainer.api.config",
+    # agents and token-level workflows
+    "AgentWorkflow": "trainer.api.workflow",
+    "RolloutWorkflow": "trainer.api.workflow",
     "RolloutEngine": "trainer.rollout.engine",
-    "GenerationHyperparameters": "trainer.rollout.llm_api",
-    "LLMRequest": "trainer.rollout.llm_api",
-    "LLMResponse": "trainer.rollout.llm_api",
+    "GenerationHyperparameters": "trainer.api.io_struct",
+    "LLMRequest": "trainer.api.io_struct",
+    "LLMResponse": "trainer.api.io_struct",
     # queue-based agents
-    "Agent": "trainer.rollout.agent_env",
-    "EnvironmentService": "trainer.rollout.agent_env",
-    "BundledGenerationOutputs": "trainer.rollout.queue_agents",
-    "register_agent": "trainer.rollout.registry",
-    "register_env": "trainer.rollout.registry",
-    # algorithms
-    "register_loss": "trainer.algorithm.losses",
-    "register_advantage": "trainer.algorithm.advantages",
-    "TrainEngine": "trainer.backend.train_engine",
+    "Agent": "trainer.api.agent",
+    "BundledGenerationOutputs": "trainer.api.agent",
+    "EnvironmentService": "trainer.api.agent",
+    # registration by name
+    "register_advantage": "trainer.api.registry",
+    "register_agent": "trainer.api.registry",
+    "register_env": "trainer.api.registry",
+    "register_export_style": "trainer.api.registry",
+    "register_loss": "trainer.api.registry",
+    # training algorithms
+    "LossFn": "trainer.api.train_engine",
+    "LossWeightFn": "trainer.api.train_engine",
+    "TrainEngine": "trainer.api.train_engine",
     "DeepSpeedEngine": "trainer.backend.deepspeed_engine",
     "gather_logprobs": "trainer.backend.functional",
+    "next_token_logprobs": "trainer.backend.functional",
     # the gateway's pieces a token-level agent renders and tokenizes with
     "ChatRenderer": "gateway.chat.template",
     "load_tokenizer": "gateway.inference.model_source",

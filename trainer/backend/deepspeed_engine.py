@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from gateway.inference.model_source import load_causal_lm
+from trainer.api.config import TrainConfig
+from trainer.api.train_engine import LossFn, LossWeightFn, TrainEngine
 from trainer.backend import distributed
 from trainer.backend.batches import micro_batches, split_padded
 from trainer.backend.functional import forward_logits
-from trainer.backend.train_engine import LossFn, LossWeightFn, TrainEngine
-from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

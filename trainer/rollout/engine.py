@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.inference.base import ContextLengthExceeded, InferenceEngine
-from trainer.rollout.llm_api import LLMRequest, LLMResponse
+from trainer.api.io_struct import LLMRequest, LLMResponse
 
 if TYPE_CHECKING:
     from gateway.serving.direct import DirectRecorder

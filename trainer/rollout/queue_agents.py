@@ -35,91 +35,17 @@ import copy
 import logging
 import operator
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.rollout.agent_env import Agent, EnvironmentService
+from trainer.api.agent import Agent, BundledGenerationOutputs, EnvironmentService
+from trainer.api.io_struct import GenerationHyperparameters, LLMRequest
 from trainer.rollout.agent_runner import Episode, EpisodeRunner
 from trainer.rollout.engine import RolloutEngine
-from trainer.rollout.llm_api import GenerationHyperparameters, LLMRequest, LLMResponse
-from trainer.rollout.registry import (
-    RegistryError,
-    import_file,
-    make_agent,
-    make_env,
-    register_agent,
-    register_env,
-    registered_agents,
-    registered_envs,
-)
 from trainer.rollout.workflow import SampleError, sequence_to_sample, split_sequences
 
-__all__ = [
-    "Agent",
-    "BundledGenerationOutputs",
-    "EnvironmentService",
-    "QueueAgentRunner",
-    "RegistryError",
-    "import_file",
-    "make_agent",
-    "make_env",
-    "register_agent",
-    "register_env",
-    "registered_agents",
-    "registered_envs",
-]
+__all__ = ["QueueAgentRunner"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BundledGenerationOutputs:
-    """The n completions of one observation, index i = sample i.
-
-    `logprobs[i]` and `versions[i]` are aligned with `output_ids[i]` (output tokens only);
-    `seqs[i]` is prompt_ids + output_ids[i]; `no_eos[i]` is True when sample i stopped
-    for length rather than on a stop token (its last token is then not a stop token).
-    """
-
-    qid: str
-    prompt_ids: list[int]
-    output_ids: list[list[int]]
-    logprobs: list[list[float]]
-    versions: list[list[int]]
-    no_eos: list[bool]
-    seqs: list[list[int]] = field(default_factory=list)
-    finish_reasons: list[str] = field(default_factory=list)
-
-    @classmethod
-    def from_responses(
-        cls, qid: str, prompt_ids: list[int], responses: list[LLMResponse]
-    ) -> BundledGenerationOutputs:
-        return cls(
-            qid=qid,
-            prompt_ids=list(prompt_ids),
-            output_ids=[list(r.output_tokens) for r in responses],
-            logprobs=[list(r.output_logprobs) for r in responses],
-            versions=[list(r.output_versions) for r in responses],
-            no_eos=[r.stop_reason != "stop" for r in responses],
-            seqs=[list(prompt_ids) + list(r.output_tokens) for r in responses],
-            finish_reasons=[r.stop_reason for r in responses],
-        )
-
-    @property
-    def n(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def output_lens(self) -> list[int]:
-        return [len(o) for o in self.output_ids]
-
-    @property
-    def version_start(self) -> list[int]:
-        return [v[0] if v else -1 for v in self.versions]
-
-    @property
-    def version_end(self) -> list[int]:
-        return [v[-1] if v else -1 for v in self.versions]
 
 
 # ---- the driver ---------------------------------------------------------------------

@@ -1,20 +1,5 @@
-"""Token-level rollout workflows: `RolloutWorkflow.arun_episode(engine, data)`.
-
-A workflow talks to the inference engine in token ids (`RolloutEngine.agenerate`) and
-returns the training data of one episode itself, as a dict of tensors:
-
-    input_ids       (1, L) or (L,) ints                        required
-    loss_mask       (1, L) 1 where the token is trained        required
-    rewards         a float, a (1,) tensor, or (1, L) per token   required ("reward" too)
-    logprobs        (1, L) behaviour logprob of each token       optional (zeros if absent)
-    versions        (1, L) policy version of each token          optional
-    attention_mask  (1, L) 0 on padding                          optional
-    ... any other numeric key goes into the training batch too (Episode.raw).
-
-A batch dimension B > 1 (several sequences from one episode, right- or left-padded, with
-an `attention_mask`) is accepted too; every row becomes one sample of the episode. A
-`TensorDict` (or anything with `.items()`) works like a dict. Returning None discards the
-episode: no samples, no error.
+"""Running token-level workflows (`RolloutWorkflow.arun_episode(engine, data)`, whose
+contract and return format are in trainer/api/workflow.py) for the trainer.
 
 `TokenWorkflowRunner` runs the workflow `group_size` times per dataset row and turns each
 result into an `Episode` the trainer consumes, exactly like `AgentRunner` does for
@@ -23,7 +8,6 @@ OpenAI-style agents. See `sequence_to_sample` for the sample format.
 
 from __future__ import annotations
 
-import abc
 import copy
 import logging
 import math
@@ -33,14 +17,14 @@ from typing import Any
 
 import torch
 
+from trainer.api.io_struct import GenerationHyperparameters
+from trainer.api.workflow import RolloutWorkflow
 from trainer.backend.batches import PER_TOKEN_KEYS, SampleError, as_tensor, split_sequences
 from trainer.rollout.agent_runner import Episode, EpisodeRunner
 from trainer.rollout.engine import RolloutEngine
-from trainer.rollout.llm_api import GenerationHyperparameters
 
 __all__ = [
     "PER_TOKEN_KEYS",
-    "RolloutWorkflow",
     "SampleError",
     "TokenWorkflowRunner",
     "episode_samples",
@@ -50,18 +34,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class RolloutWorkflow(abc.ABC):
-    """Subclass and implement `arun_episode`; constructor args come from `workflow_kwargs`.
-
-    Give the instance a `gconfig` (GenerationHyperparameters) attribute and the samples
-    record its temperature (the logprobs a workflow returns are of logits / temperature).
-    """
-
-    @abc.abstractmethod
-    async def arun_episode(self, engine: RolloutEngine, data: dict[str, Any]) -> Any:
-        """One episode for one dataset row: a dict of tensors (see module doc) or None."""
 
 
 def workflow_temperature(obj: Any) -> float:

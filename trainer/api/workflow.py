@@ -1,0 +1,58 @@
+"""The two shapes of user code that plays episodes: an agent and a rollout workflow.
+
+An **agent** (`AgentWorkflow`) is any class with `async def run(self, data, **extra_kwargs)`:
+it talks to the gateway through an OpenAI or Anthropic client built from the injected
+`base_url`, `api_key` and `http_client`, and returns its reward (a number for the
+session's last completion, or `{completion_id: reward}`). No base class is needed.
+
+A **rollout workflow** (`RolloutWorkflow`) works in token ids: `arun_episode(engine, data)`
+calls `engine.agenerate(LLMRequest(...))` (trainer/api/io_struct.py) and returns the
+episode's training data itself, as a dict of tensors:
+
+    input_ids       (1, L) or (L,) ints                        required
+    loss_mask       (1, L) 1 where the token is trained        required
+    rewards         a float, a (1,) tensor, or (1, L) per token   required ("reward" too)
+    logprobs        (1, L) behaviour logprob of each token       optional (zeros if absent)
+    versions        (1, L) policy version of each token          optional
+    attention_mask  (1, L) 0 on padding                          optional
+    ... any other numeric key goes into the training batch too (Episode.raw).
+
+A batch dimension B > 1 (several sequences from one episode, right- or left-padded, with
+an `attention_mask`) is accepted too; every row becomes one sample of the episode. A
+`TensorDict` (or anything with `.items()`) works like a dict. Returning None discards the
+episode: no samples, no error.
+
+Either one is named by the config's `workflow:` ("module.Class" or "file.py:Class") and
+built with `workflow_kwargs`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from trainer.rollout.engine import RolloutEngine
+
+
+@runtime_checkable
+class AgentWorkflow(Protocol):
+    """An agent: one episode per call, against the gateway (`rollout.agent.mode` says
+    where it runs: inline, a process pool, or Ray tasks)."""
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float | dict[str, float]:
+        """Play one episode for the dataset row `data`; `extra_kwargs` hold `base_url`,
+        `api_key` (and, inline, `http_client`) for this episode's session. Returns its reward."""
+        ...
+
+
+class RolloutWorkflow(abc.ABC):
+    """Subclass and implement `arun_episode`; constructor args come from `workflow_kwargs`.
+
+    Give the instance a `gconfig` (GenerationHyperparameters) attribute and the samples
+    record its temperature (the logprobs a workflow returns are of logits / temperature).
+    """
+
+    @abc.abstractmethod
+    async def arun_episode(self, engine: RolloutEngine, data: dict[str, Any]) -> Any:
+        """One episode for one dataset row: a dict of tensors (see module doc) or None."""
