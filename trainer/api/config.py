@@ -10,20 +10,7 @@ from typing import Any
 
 import yaml
 
-from gateway.config import GatewayConfig, setting
-
-
-@dataclass
-class TrainerGatewayConfig(GatewayConfig):
-    """The trainer's `gateway:` section: the settings of the gateway it starts, or
-    (`urls`) the gateways it did not start (trainer/rollout/gateways.py)."""
-
-    urls: list[str] = setting(
-        [],
-        "gateways the trainer does not start (`turnstile serve` replicas on one store, "
-        "their /v1 URLs): each session sticks to one, every one gets the new weights "
-        "(pushed without disk); `admin_key` is theirs. Empty: the trainer starts its own",
-    )
+from gateway.config import GatewayConfig
 
 
 @dataclass
@@ -185,7 +172,7 @@ class TrainerConfig:
     time_estimate: dict[str, float] = field(default_factory=dict)
     # the gateway the agents talk to (gateway/config.py); `model` and `device` are the
     # trainer's own, `database` defaults to <run_dir>/sessions.db
-    gateway: TrainerGatewayConfig = field(default_factory=TrainerGatewayConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     save_every: int = 0  # 0 = only at the end
     log_every: int = 1
