@@ -16,7 +16,7 @@ from gateway.auth import KeyRing
 from gateway.auth_limits import AuthLimiter
 from gateway.chat.template import ChatRenderer, load_chat_template
 from gateway.config import GatewayConfig
-from gateway.entrypoints import health, rewards, sessions
+from gateway.entrypoints import health, rewards, sessions, weights
 from gateway.entrypoints.anthropic.messages import api_router as messages
 from gateway.entrypoints.hot_routes import GeneratingRoutes
 from gateway.entrypoints.incremental_body import IncrementalBodies
@@ -36,7 +36,9 @@ from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 # Every route of the gateway; a new endpoint is one folder plus one line here.
-ROUTERS = (chat_completion, completion, responses, messages, models, sessions, rewards, health, ui)
+ROUTERS = (
+    chat_completion, completion, responses, messages, models, sessions, rewards, health, weights, ui
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
 

@@ -89,6 +89,19 @@ PROBES: dict[tuple[str, str], Probe] = {
     ("GET", "/ui/static/{name:path}"): lambda t: None,
     ("GET", "/healthz"): lambda t: None,
     ("GET", "/metrics"): lambda t: None,
+    # weights (admin only): a session key is refused whatever the body
+    ("GET", "/admin/weights"): lambda t: None,
+    ("POST", "/admin/weights"): lambda t: {"version": 1, "path": "/nonexistent"},
+    ("POST", "/admin/weights/group"): lambda t: {
+        "group": {"host": "127.0.0.1", "port": 1, "world_size": 2},
+        "first_rank": 1,
+    },
+    ("POST", "/admin/weights/push"): lambda t: {
+        "version": 1,
+        "group_id": "g",
+        "manifest": {"tensors": []},
+    },
+    ("DELETE", "/admin/weights/group"): lambda t: None,
 }
 
 

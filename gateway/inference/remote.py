@@ -24,7 +24,7 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # What one server answer adds: token ids, their logprobs, their top alternatives, and
 # the weight version the server says made them (None: it does not say).
 Tokens = tuple[list[int], list[float], list[TopLogprobs], int | None]
+# Loads new weights on one server: (url, new version, abort) -> None, or what failed.
+Loader = Callable[[str, int, bool], Awaitable[str | None]]
 
 
 class ServerUnreachable(EngineError):
@@ -480,10 +482,20 @@ class RemoteEngine(InferenceEngine):
 
     # ---- weights ---------------------------------------------------------------------
     async def update_weights_from_disk(self, path: str, version: int | None = None) -> int:
-        """Load a checkpoint folder on every server; return the new policy version.
+        """Load a checkpoint folder on every server; return the new policy version."""
+        path = str(path)
 
-        Callable from any thread's event loop (the trainer's): the work runs on the
-        loop the engine was started on, where its HTTP client lives.
+        async def load(url: str, new: int, abort: bool) -> str | None:
+            return await self._load(url, path, new, abort)
+
+        return await self.update_weights_with(load, version, path)
+
+    async def update_weights_with(self, load: Loader, version: int | None, what: str) -> int:
+        """Pause every server, `load(url, new_version, abort)` on each, resume them.
+
+        The update protocol whatever the weights come from (a folder here, a broadcast
+        in vllm_weights.py). Callable from any thread's event loop (the trainer's): the
+        work runs on the loop the engine was started on, where its HTTP client lives.
         """
         loop = self._loop
         if loop is None or self._client is None:
@@ -492,12 +504,12 @@ class RemoteEngine(InferenceEngine):
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        coro = self._update_from_disk(str(path), version)
+        coro = self._update(load, version, what)
         if running is loop:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
-    async def _update_from_disk(self, path: str, version: int | None) -> int:
+    async def _update(self, load: Loader, version: int | None, what: str) -> int:
         assert self._gate is not None and self._update_lock is not None
         async with self._update_lock:
             new = self._version + 1 if version is None else int(version)
@@ -516,7 +528,7 @@ class RemoteEngine(InferenceEngine):
                         failures.append(outcome)
                 if not failures:
                     results = await asyncio.gather(
-                        *(self._load(u, path, new, abort=u not in paused) for u in targets)
+                        *(load(u, new, u not in paused) for u in targets)
                     )
                     failures = [r for r in results if r]
                 if not failures:
@@ -528,6 +540,6 @@ class RemoteEngine(InferenceEngine):
         if failures:
             raise EngineError("weight update failed: " + "; ".join(failures))
         log.info(
-            "loaded %s on %d %s server(s): policy version %d", path, len(targets), self.label, new
+            "loaded %s on %d %s server(s): policy version %d", what, len(targets), self.label, new
         )
         return new

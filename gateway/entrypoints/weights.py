@@ -1,0 +1,153 @@
+"""New policy weights for this gateway's engine: from a folder, or pushed by the trainer.
+
+Admin key only. A trainer that did not start this gateway (or a gateway in another
+process) reaches its engine here:
+- `GET /admin/weights`: engine, policy version, how many ranks its engine takes;
+- `POST /admin/weights` {version, path}: load a Hugging Face folder (the disk
+  fallback; the folder must be readable where the engine runs);
+- `POST /admin/weights/group` {group, first_rank}: join the trainer's group
+  (weight_broadcast.py); answers once every rank has joined;
+- `POST /admin/weights/push` {version, group_id, manifest}: receive one broadcast and
+  serve it; answers with the new version once the engine serves it;
+- `DELETE /admin/weights/group`: leave the group.
+The trainer side is trainer/backend/weight_push.py. Left out of /openapi.json: these
+routes connect to the addresses they are given and block on a broadcast, which is no
+request for a fuzzer or an agent's SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.errors import APIError
+from gateway.inference.base import EngineError, WeightUpdate
+from gateway.inference.weight_broadcast import GroupSpec, Manifest
+from gateway.inference.weight_receiver import WeightReceiver, receiver_for
+from gateway.state import Admin, State
+
+router = APIRouter(prefix="/admin/weights", tags=["weights"], include_in_schema=False)
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    path: str = Field(min_length=1)
+
+
+class GroupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group: dict[str, Any]
+    first_rank: int = Field(ge=1)
+
+
+class PushRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    group_id: str
+    manifest: dict[str, Any]
+
+
+class _Slot:
+    """The engine's receiver and the lock that keeps one group change or push at a time."""
+
+    def __init__(self) -> None:
+        self.receiver: WeightReceiver | None = None
+        self.lock = asyncio.Lock()
+
+
+def _slot(request: Request, state: State) -> tuple[_Slot, WeightReceiver]:
+    slot = getattr(request.app.state, "weight_slot", None)
+    if slot is None:
+        slot = request.app.state.weight_slot = _Slot()
+    if slot.receiver is None:
+        try:
+            slot.receiver = receiver_for(state.engine)
+        except EngineError as exc:
+            raise APIError(400, str(exc), code="weight_push_unsupported") from exc
+    return slot, slot.receiver
+
+
+def _failed(exc: Exception) -> APIError:
+    return APIError(503, f"weight update failed: {exc}", code="weight_update_failed")
+
+
+@router.get("")
+async def weights_info(request: Request, state: State, _: Admin) -> dict[str, Any]:
+    info: dict[str, Any] = {"engine": state.engine.name, "policy_version": state.engine.version}
+    try:
+        _, receiver = _slot(request, state)
+    except APIError:
+        return {**info, "ranks": 0, "group_id": None}
+    try:
+        ranks = await receiver.ranks()
+    except (EngineError, OSError) as exc:
+        raise _failed(exc) from exc
+    return {**info, "ranks": ranks, "group_id": receiver.group_id or None}
+
+
+@router.post("")
+async def load_weights(body: LoadRequest, state: State, _: Admin) -> dict[str, Any]:
+    try:
+        version = await state.engine.update_weights(WeightUpdate(body.version, path=body.path))
+    except NotImplementedError as exc:
+        raise APIError(400, str(exc), code="weight_load_unsupported") from exc
+    except (EngineError, OSError, ValueError) as exc:
+        raise _failed(exc) from exc
+    return {"policy_version": version}
+
+
+@router.post("/group")
+async def join_group(
+    body: GroupRequest, request: Request, state: State, _: Admin
+) -> dict[str, Any]:
+    slot, receiver = _slot(request, state)
+    try:
+        spec = GroupSpec.from_json(body.group)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise APIError(
+            400, f"bad group: {exc}", code="invalid_weight_group", param="group"
+        ) from exc
+    async with slot.lock:
+        try:
+            await receiver.join(spec, body.first_rank)
+        except Exception as exc:  # noqa: BLE001 - any rendezvous failure is the caller's 503
+            raise _failed(exc) from exc
+    return {"group_id": spec.group_id, "ranks": await receiver.ranks()}
+
+
+@router.post("/push")
+async def push(body: PushRequest, request: Request, state: State, _: Admin) -> dict[str, Any]:
+    slot, receiver = _slot(request, state)
+    try:
+        manifest = Manifest.from_json(body.manifest)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise APIError(
+            400, f"bad manifest: {exc}", code="invalid_weight_manifest", param="manifest"
+        ) from exc
+    async with slot.lock:
+        if not receiver.group_id or receiver.group_id != body.group_id:
+            raise APIError(
+                409,
+                f"this gateway is not in weight group {body.group_id!r} "
+                f"(it is in {receiver.group_id or 'none'}): join it first",
+                code="weight_group_mismatch",
+                param="group_id",
+            )
+        try:
+            version = await receiver.receive(body.version, manifest)
+        except Exception as exc:  # noqa: BLE001 - a broken group is the caller's 503
+            await receiver.leave()  # its ranks are out of step now: join again
+            raise _failed(exc) from exc
+    return {"policy_version": version}
+
+
+@router.delete("/group")
+async def leave_group(request: Request, state: State, _: Admin) -> dict[str, Any]:
+    slot, receiver = _slot(request, state)
+    async with slot.lock:
+        await receiver.leave()
+    return {"group_id": None}

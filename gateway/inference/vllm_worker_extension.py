@@ -1,0 +1,75 @@
+"""Our methods inside each vLLM worker: join the trainer's weight group, receive a push.
+
+vLLM mixes this class into its workers when started with
+`--worker-extension-cls gateway.inference.vllm_worker_extension.WeightReceiverExtension`
+(and this repository on the server's PYTHONPATH; deploy/vllm/). The gateway calls the
+methods through vLLM's `/collective_rpc` route, on every worker at once (TRL's
+`WeightSyncWorkerExtension` in `trl/scripts/vllm_serve.py` does the same with NCCL).
+
+The tensors go through our own group (weight_broadcast.py: gloo on CPU, NCCL on GPU),
+not vLLM's `nccl` weight-transfer backend, which on a CPU server answers 200 and
+loads nothing. They are handed, as they arrive, to the worker's own in-place reload
+(`reload_weights(weights_iterator=...)`, the one the disk path runs with a folder),
+so vLLM's loader maps names, fuses projections and keeps tied embeddings tied.
+
+Runs in vLLM's venv: imports torch and weight_broadcast only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.inference.weight_broadcast import GroupSpec, Manifest, open_group, receive
+
+
+class WeightReceiverExtension:
+    """Mixed into vLLM's worker class; `self` is the worker (rank, device, model_runner)."""
+
+    _turnstile_group: Any = None
+    _turnstile_group_id: str = ""
+
+    def turnstile_weight_rank(self) -> int:
+        """This worker's rank among the server's workers (the gateway counts them)."""
+        return int(getattr(self, "rank", 0))
+
+    def turnstile_join_weight_group(self, group: dict[str, Any], first_rank: int) -> int:
+        """Join as rank `first_rank` + this worker's rank; blocks until all have joined."""
+        spec = GroupSpec.from_json(group)
+        rank = int(first_rank) + int(getattr(self, "rank", 0))
+        self.turnstile_leave_weight_group()
+        self._turnstile_group = open_group(spec, rank, self._turnstile_device())
+        self._turnstile_group_id = spec.group_id
+        return rank
+
+    def turnstile_receive_weights(self, group_id: str, manifest: dict[str, Any]) -> int:
+        """Receive one push and load it in place; returns the number of tensors loaded."""
+        if self._turnstile_group is None or group_id != self._turnstile_group_id:
+            raise RuntimeError(
+                f"not in weight group {group_id!r} (joined: {self._turnstile_group_id!r})"
+            )
+        parsed = Manifest.from_json(manifest)
+        # Tied names are left to vLLM's loader (it ties lm_head to the embeddings).
+        untied = Manifest(parsed.tensors)
+        count = 0
+
+        def counted() -> Iterator[tuple[str, Any]]:
+            nonlocal count
+            for item in receive(self._turnstile_group, untied, self._turnstile_device()):
+                count += 1
+                yield item
+
+        tensors = counted()
+        self.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
+        for _ in tensors:  # whatever the loader left: the broadcast must run to its end
+            pass
+        return count
+
+    def turnstile_leave_weight_group(self) -> None:
+        group, self._turnstile_group = self._turnstile_group, None
+        self._turnstile_group_id = ""
+        if group is not None:
+            group.shutdown()
+
+    def _turnstile_device(self) -> Any:
+        return getattr(self, "device", "cpu")
