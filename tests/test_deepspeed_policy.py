@@ -44,7 +44,7 @@ def zero3_grad_norm(tiny_model_dir) -> float:
 
     policy = DeepSpeedEngine(tiny_model_dir, TrainConfig(zero_stage=3, micro_batch_tokens=6))
     policy.train_batch(_batch(), _on_policy_ppo, lambda mb: mb["loss_mask"].sum())
-    return float(policy.engine.get_global_grad_norm())
+    return float(policy.ds_engine.get_global_grad_norm())
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

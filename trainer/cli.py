@@ -10,6 +10,11 @@ from gateway import cli as gateway_cli
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.help_config:
+        from trainer.config_doc import as_text
+
+        print(as_text())
+        return 0
     from trainer.api.config import ConfigError, load_config
     from trainer.trainer import Trainer
 
@@ -108,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a workflow from a YAML config")
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--workflow", help="overrides `workflow` in the config")
+    p.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every config key, section by section, with its default and meaning",
+    )
     p.add_argument(
         "--time-budget",
         type=float,

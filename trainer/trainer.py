@@ -311,7 +311,7 @@ class Trainer:
         cls = load_class(t.engine_class or DeepSpeedEngine, "train.engine_class")
         if not issubclass(cls, DeepSpeedEngine):
             raise WorkflowError(
-                f"train.engine_class {cls.__name__} must subclass trainer.backend.DeepSpeedEngine"
+                f"train.engine_class {cls.__name__} must subclass trainer.api.DeepSpeedEngine"
             )
         if t.step_method is not None and not callable(getattr(cls, t.step_method, None)):
             raise WorkflowError(

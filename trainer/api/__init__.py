@@ -64,6 +64,7 @@ _WHERE = {
     "DeepSpeedEngine": "trainer.backend.deepspeed_engine",
     "gather_logprobs": "trainer.backend.functional",
     "next_token_logprobs": "trainer.backend.functional",
+    "predicting_positions": "trainer.backend.functional",
     # the gateway's pieces a token-level agent renders and tokenizes with
     "ChatRenderer": "gateway.chat.template",
     "load_tokenizer": "gateway.inference.model_source",

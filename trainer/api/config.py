@@ -4,86 +4,142 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, setting
 
 
 @dataclass
 class AgentConfig:
-    # inline | subproc (a process pool; the agent must pickle) | ray (Ray tasks, `ray:`)
-    mode: str = "inline"
-    turn_discount: float = 1.0
-    export_style: str = "individual"  # individual | concat
-    subproc_max_workers: int = 4
-    # subproc, ray: an episode whose worker process or node died runs again in a new
-    # session (the dead one is ended and never trained on), at most this many times
-    max_retries: int = 1
-    # ray: what each agent run asks of the cluster (CPUs, and custom resources such as
-    # {sandbox: 1} that only some nodes offer)
-    num_cpus: float = 1.0
-    resources: dict[str, float] = field(default_factory=dict)
+    """How `run(data, **extra_kwargs)` agents are run and their sessions turned into samples."""
+
+    mode: str = setting(
+        "inline",
+        "where each agent run happens: inline (on the trainer's event loop), subproc (a "
+        "process pool; the agent must pickle) or ray (Ray tasks on the `ray:` cluster)",
+    )
+    turn_discount: float = setting(
+        1.0, "gamma over a session's turns: a turn's return is the reward discounted back to it"
+    )
+    export_style: str = setting(
+        "individual",
+        "how a session becomes samples (a registered export style): individual (one per "
+        "completion) or concat (one per branch of the conversation), or yours",
+    )
+    subproc_max_workers: int = setting(4, "subproc: worker processes in the pool")
+    max_retries: int = setting(
+        1,
+        "subproc, ray: times an episode whose worker process or node died runs again, each "
+        "in a new session (the dead one is ended and never trained on)",
+    )
+    num_cpus: float = setting(1.0, "ray: CPUs each agent run asks of the cluster")
+    resources: dict[str, float] = setting(
+        {}, "ray: custom resources each agent run asks for, e.g. {sandbox: 1} (only some nodes)"
+    )
 
 
 @dataclass
 class RayConfig:
     """The Ray cluster `rollout.agent.mode: ray` places agents on (trainer/rollout/ray_agents.py)."""
 
-    # "auto", "host:6379" or "ray://host:10001"; None: RAY_ADDRESS, else a local cluster
-    address: str | None = None
+    address: str | None = setting(
+        None,
+        'the cluster: "auto", "host:6379" or "ray://host:10001"; null: $RAY_ADDRESS, else '
+        "a local cluster",
+    )
 
 
 @dataclass
 class RolloutConfig:
-    batch_size: int = 4  # prompts per training step
-    group_size: int = 8  # agent runs per prompt (the GRPO group)
-    max_concurrent: int = 64  # agent runs in flight at once
-    # How many policy versions rollouts may run ahead of training; 0 = synchronous.
-    max_staleness: int = 0
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    """How many episodes each step gets, and how far rollouts may run ahead of training."""
+
+    batch_size: int = setting(4, "dataset rows (prompts) per training step")
+    group_size: int = setting(8, "episodes per prompt: the group GRPO compares")
+    max_concurrent: int = setting(64, "episodes in flight at once, across groups")
+    max_staleness: int = setting(
+        0,
+        "policy versions rollouts may run ahead of training (stale tokens are corrected by "
+        "the decoupled PPO loss); 0: synchronous",
+    )
+    agent: AgentConfig = setting(AgentConfig, "how agents run")
 
 
 @dataclass
 class TrainConfig:
-    # Registered names (trainer/algorithm): the loss (grpo = the decoupled PPO objective,
-    # ppo, reinforce, or your own @register_loss) and the advantage estimator.
-    loss: str = "grpo"
-    advantage: str = "grpo"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    eps_clip: float = 0.2
-    # Cap on the behaviour/proximal importance weight of stale tokens (decoupled PPO).
-    behav_imp_weight_cap: float = 5.0
-    zero_stage: int = 0
-    micro_batch_tokens: int = 1024
-    # Run a prompt shared by several samples (a group's runs, a session's earlier turns)
-    # through the model once per micro-batch; same gradients (prefix_sharing.py).
-    share_prefixes: bool = True
-    adv_norm: str = "group"  # group | batch | none
-    # updates over which the learning rate rises linearly to `lr` (0: full from the first)
-    warmup_steps: int = 0
-    # After warm-up: "constant", or "cosine" down to `min_lr_ratio` x `lr` at the last
-    # update. Guards against late drift: a policy that has found the task keeps moving
-    # at full rate unless the rate falls, which is where a demo run collapsed (#30).
-    lr_schedule: str = "constant"
-    min_lr_ratio: float = 0.1
-    # Updates the cosine spans; 0: the run's own (total_steps x ppo_n_minibatches).
-    lr_decay_steps: int = 0
-    # Weight of the KL penalty to the starting policy (the k3 estimator per trained
-    # token, as TRL's GRPO `beta`). Nothing else pulls a policy back once every group
-    # scores the same; with it > 0 every sample is trained, zero-advantage ones too, so
-    # the pull acts on them. The KL itself is measured and logged even at 0.
-    kl_coef: float = 0.0
-    # Optimizer updates per training step (AReaL's `ppo_n_minibatches`): the step's
-    # samples are split into this many parts, each one update, PPO-clipped against the
-    # policy that generated them. More learning per rollout, at little extra compute.
-    ppo_n_minibatches: int = 1
+    """The algorithm and the optimizer: what one training step does with its episodes."""
+
+    loss: str = setting(
+        "grpo",
+        "a registered loss: grpo (the decoupled PPO objective, safe on stale tokens), ppo, "
+        "reinforce, or yours (@register_loss)",
+    )
+    advantage: str = setting(
+        "grpo", "a registered advantage estimator: grpo, or yours (@register_advantage)"
+    )
+    lr: float = setting(1e-5, "AdamW learning rate (the peak, after warm-up)")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    betas: tuple[float, float] = setting((0.9, 0.999), "AdamW betas")
+    grad_clip: float = setting(1.0, "largest gradient norm of an update; larger is scaled down")
+    eps_clip: float = setting(
+        0.2, "PPO clip: how far an update may move a token's probability ratio from 1"
+    )
+    behav_imp_weight_cap: float = setting(
+        5.0,
+        "cap on the behaviour/proximal importance weight of a stale token (decoupled PPO), "
+        "so one very stale token cannot dominate a step",
+    )
+    zero_stage: int = setting(0, "DeepSpeed ZeRO stage, 0-3 (what is partitioned across ranks)")
+    micro_batch_tokens: int = setting(
+        1024, "most tokens packed into one micro-batch (one forward and backward), tokens"
+    )
+    share_prefixes: bool = setting(
+        True,
+        "run a prompt shared by several samples (a group's runs, a session's earlier turns) "
+        "through the model once per micro-batch; same gradients (prefix_sharing.py)",
+    )
+    adv_norm: str = setting(
+        "group", "what advantages are divided by: group (its std), batch (the step's) or none"
+    )
+    warmup_steps: int = setting(
+        0,
+        "updates over which the learning rate rises linearly to `lr` (update k runs at "
+        "k/(warmup_steps+1) of it); 0: full from the first",
+    )
+    lr_schedule: str = setting(
+        "constant",
+        "after warm-up: constant, or cosine down to `min_lr_ratio` x `lr` at the last "
+        "update; guards against late drift, where a policy that has found the task keeps "
+        "moving at full rate (a demo run collapsed there, #30)",
+    )
+    min_lr_ratio: float = setting(0.1, "cosine: the final learning rate, as a fraction of `lr`")
+    lr_decay_steps: int = setting(
+        0, "cosine: updates it spans; 0: the run's own (total_steps x ppo_n_minibatches)"
+    )
+    kl_coef: float = setting(
+        0.0,
+        "weight of the KL penalty to the starting policy (k3 per trained token, as TRL's "
+        "GRPO `beta`); above 0 every sample is trained, zero-advantage ones too, so the pull "
+        "back acts on them; the KL is measured and logged even at 0",
+    )
+    ppo_n_minibatches: int = setting(
+        1,
+        "optimizer updates per training step: the step's samples are split into this many "
+        "parts, each one update, PPO-clipped against the policy that generated them",
+    )
+    engine_class: str | None = setting(
+        None,
+        'a DeepSpeedEngine subclass to train with ("module.Class" or "file.py:Class"); '
+        "null: DeepSpeedEngine",
+    )
+    step_method: str | None = setting(
+        None,
+        "a method of engine_class that replaces the built-in actor: it gets each step's "
+        "padded batch and calls self.train_batch(batch, loss_fn, loss_weight_fn)",
+    )
 
     def __post_init__(self) -> None:
         if self.ppo_n_minibatches < 1:
@@ -102,28 +158,26 @@ class TrainConfig:
                 f"{self.lr_decay_steps}"
             )
 
-    # A DeepSpeedEngine subclass ("module.Class" / "file.py:Class") to train with, and
-    # optionally its method that replaces the built-in actor: it gets each step's padded
-    # batch and calls self.train_batch(batch, loss_fn, loss_weight_fn).
-    engine_class: str | None = None
-    step_method: str | None = None
-
 
 @dataclass
 class EvalConfig:
     """Held-out evaluation (trainer/evaluation.py); off while `dataset` is empty."""
 
-    # held-out rows, in the same forms as the top-level `dataset`; rows that are also
-    # training prompts are dropped
-    dataset: dict[str, Any] = field(default_factory=dict)
-    size: int = 64  # rows evaluated
-    every: int = 0  # also every N steps; 0: before and after training only
-    before: bool = True  # evaluate the starting policy before the first step
-    success_reward: float = 1.0  # an episode at or above this reward counts as accurate
-    temperature: float = 0.0  # forced on every eval request (0: greedy)
-    # the agent's constructor arguments for evaluation, over `workflow_kwargs` (e.g. one
-    # turn where accuracy is "right on the first try")
-    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = setting(
+        {},
+        "held-out rows, in the same forms as the top-level `dataset`; rows that are also "
+        "training prompts are dropped; {}: no evaluation",
+    )
+    size: int = setting(64, "rows evaluated")
+    every: int = setting(0, "also evaluate every N steps; 0: before and after training only")
+    before: bool = setting(True, "evaluate the starting policy before the first step")
+    success_reward: float = setting(1.0, "an episode at or above this reward counts as accurate")
+    temperature: float = setting(0.0, "forced on every eval request; 0: greedy")
+    workflow_kwargs: dict[str, Any] = setting(
+        {},
+        "the agent's constructor arguments for evaluation, over `workflow_kwargs` (e.g. one "
+        'turn, where accuracy is "right on the first try")',
+    )
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.every < 0:
@@ -134,12 +188,13 @@ class EvalConfig:
 class TrackersConfig:
     """Where the run's per-step metrics go besides metrics.jsonl (trainer/trackers/)."""
 
-    # any of: tensorboard, wandb (offline by default), trackio; [] for none
-    backends: list[str] = field(default_factory=lambda: ["tensorboard"])
-    # options per backend, passed to its init: wandb.init(**wandb), trackio.init(**trackio)
-    wandb: dict[str, Any] = field(default_factory=dict)
-    trackio: dict[str, Any] = field(default_factory=dict)
-    tensorboard: dict[str, Any] = field(default_factory=dict)  # {log_dir: ...}
+    backends: list[str] = setting(
+        ["tensorboard"],
+        "experiment trackers: any of tensorboard, wandb (offline by default), trackio",
+    )
+    wandb: dict[str, Any] = setting({}, "wandb.init(**these) options")
+    trackio: dict[str, Any] = setting({}, "trackio.init(**these) options")
+    tensorboard: dict[str, Any] = setting({}, "TensorBoard options: {log_dir: ...}")
 
     def __post_init__(self) -> None:
         from trainer.trackers import TRACKERS
@@ -151,42 +206,75 @@ class TrackersConfig:
 
 @dataclass
 class TrainerConfig:
-    experiment_name: str = "turnstile"
-    run_dir: str = "runs/turnstile"
-    seed: int = 1
-    model: str | None = None  # None = bundled SmolLM2-135M-Instruct; or a local HF folder
-    device: str = "cpu"
-    total_steps: int = 10
-    workflow: str | None = None  # "module.Class" or "path/file.py:Class"
-    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
-    # {type: jsonl, path: ...} or {type: python, function: "file.py:fn", ...} (datasets.py)
-    dataset: dict[str, Any] = field(default_factory=dict)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    # stop training when the next step (and the final evaluation) would not fit in
-    # this many seconds of wall-clock; 0: no budget
-    time_budget_s: float = 0.0
-    # {probe_s, step_s, eval_s} measured on a reference machine: with them the run
-    # times a short forward+backward here and prints how long it should take
-    time_estimate: dict[str, float] = field(default_factory=dict)
-    # the gateway the agents talk to (gateway/config.py); `model` and `device` are the
-    # trainer's own, `database` defaults to <run_dir>/sessions.db
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    save_every: int = 0  # 0 = only at the end
-    log_every: int = 1
-    # Resume from the newest checkpoint in run_dir (step count, optimizer, data order).
-    resume: bool = False
-    checkpoint_every: int = 0  # DeepSpeed checkpoints for resume; 0 = only at the end
-    trackers: TrackersConfig = field(default_factory=TrackersConfig)
-    # false: leave tensorboard out of trackers.backends (kept for older configs)
-    tensorboard: bool = True
-    # Python files to import first (they may call register_agent / register_env).
-    imports: list[str] = field(default_factory=list)
-    # The queue-based agent API: a registered agent and environment, by name.
-    agent: dict[str, Any] = field(default_factory=dict)  # {name: ..., args: {...}}
-    env: dict[str, Any] = field(default_factory=dict)  # {name: ..., args: {...}}
+    """A training run: `turnstile train --config run.yaml key.sub=value ...`."""
+
+    experiment_name: str = setting("turnstile", "a label for the run, kept in its config.yaml")
+    run_dir: str = setting(
+        "runs/turnstile", "where everything goes: config, sessions.db, metrics, checkpoints"
+    )
+    seed: int = setting(1, "seeds torch and the order of the dataset rows")
+    model: str | None = setting(
+        None, "a local Hugging Face folder; null: the bundled SmolLM2-135M-Instruct"
+    )
+    device: str = setting("cpu", "torch device of training (and of the embedded engine)")
+    total_steps: int = setting(
+        10, "training steps (each: rollouts, then ppo_n_minibatches updates)"
+    )
+    workflow: str | None = setting(
+        None,
+        'the agent or RolloutWorkflow class: "module.Class" or "path/file.py:Class" '
+        "(trainer/api/workflow.py); `turnstile train --workflow` overrides it",
+    )
+    workflow_kwargs: dict[str, Any] = setting({}, "the workflow's constructor arguments")
+    dataset: dict[str, Any] = setting(
+        {},
+        "the training rows: {type: jsonl, path: ...} with {messages, answer} rows, or "
+        "{type: python, function: file.py:fn, ...} (any function returning rows; datasets.py)",
+    )
+    rollout: RolloutConfig = setting(RolloutConfig, "episodes per step and how agents run")
+    ray: RayConfig = setting(RayConfig, "the Ray cluster of rollout.agent.mode: ray")
+    eval: EvalConfig = setting(EvalConfig, "held-out evaluation")
+    time_budget_s: float = setting(
+        0.0,
+        "stop training when the next step (and the final evaluation) would not fit in this "
+        "many seconds of wall-clock; 0: no budget",
+    )
+    time_estimate: dict[str, float] = setting(
+        {},
+        "{probe_s, step_s, eval_s} measured on a reference machine, seconds: with them the "
+        "run times a short forward+backward here and prints how long it should take",
+    )
+    gateway: GatewayConfig = setting(
+        GatewayConfig,
+        "the gateway the agents talk to (gateway/config.py, the settings of `turnstile "
+        "serve`); `model` and `device` are the trainer's own, `database` defaults to "
+        "<run_dir>/sessions.db",
+    )
+    train: TrainConfig = setting(TrainConfig, "the algorithm and the optimizer")
+    save_every: int = setting(
+        0, "also write a Hugging Face folder every N steps; 0: only the final one"
+    )
+    resume: bool = setting(
+        False, "continue from the newest checkpoint in run_dir (step, optimizer, data order)"
+    )
+    checkpoint_every: int = setting(
+        0, "DeepSpeed checkpoints for resuming every N steps; 0: only at the end"
+    )
+    trackers: TrackersConfig = setting(TrackersConfig, "experiment trackers")
+    tensorboard: bool = setting(
+        True, "false: leave tensorboard out of trackers.backends (kept for older configs)"
+    )
+    imports: list[str] = setting(
+        [],
+        "Python files to import first (they may call register_agent, register_env, "
+        "register_loss, register_advantage, register_export_style)",
+    )
+    agent: dict[str, Any] = setting(
+        {}, "a registered queue-based agent: {name: ..., args: {...}} (instead of `workflow`)"
+    )
+    env: dict[str, Any] = setting(
+        {}, "the queue-based agent's registered environment: {name: ..., args: {...}}"
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

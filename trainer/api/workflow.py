@@ -1,8 +1,8 @@
 """The two shapes of user code that plays episodes: an agent and a rollout workflow.
 
 An **agent** (`AgentWorkflow`) is any class with `async def run(self, data, **extra_kwargs)`:
-it talks to the gateway through an OpenAI or Anthropic client built from the injected
-`base_url`, `api_key` and `http_client`, and returns its reward (a number for the
+it talks to the gateway through an OpenAI or Anthropic client pointed at its own session
+(see `run`), and returns its reward (a number for the
 session's last completion, or `{completion_id: reward}`). No base class is needed.
 
 A **rollout workflow** (`RolloutWorkflow`) works in token ids: `arun_episode(engine, data)`
@@ -41,8 +41,9 @@ class AgentWorkflow(Protocol):
     where it runs: inline, a process pool, or Ray tasks)."""
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float | dict[str, float]:
-        """Play one episode for the dataset row `data`; `extra_kwargs` hold `base_url`,
-        `api_key` (and, inline, `http_client`) for this episode's session. Returns its reward."""
+        """Play one episode for the dataset row `data` and return its reward. Inline,
+        `extra_kwargs` hold this episode's session: `base_url`, `api_key`, `http_client`;
+        in a subproc worker they are empty and OPENAI_BASE_URL / OPENAI_API_KEY are set."""
         ...
 
 

@@ -106,7 +106,8 @@ class DeepSpeedEngine(TrainEngine):
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+        # DeepSpeed's own engine object, wrapping the model (not our TrainEngine)
+        self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
             config=deepspeed_config(cfg),
@@ -118,10 +119,10 @@ class DeepSpeedEngine(TrainEngine):
 
     @property
     def module(self) -> torch.nn.Module:
-        return self.engine.module
+        return self.ds_engine.module
 
     def train(self, mode: bool = True) -> DeepSpeedEngine:
-        self.engine.train(mode)
+        self.ds_engine.train(mode)
         return self
 
     # ---- TrainEngine -----------------------------------------------------------------
@@ -145,10 +146,10 @@ class DeepSpeedEngine(TrainEngine):
         mine = distributed.shard(list(zip(mbs, weights, strict=True)), sizes, self.rank, self.world)
         sums = {"loss": 0.0}  # this rank's share of the loss and of the loss's stats
         for i, item in enumerate(mine):
-            self.engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
+            self.ds_engine.set_gradient_accumulation_boundary(i == len(mine) - 1)
             loss = self._share_of_loss(item, loss_fn, total, sums)
             # DeepSpeed averages gradients over ranks: scale up so the sum is the loss
-            self.engine.backward(loss * self.world)
+            self.ds_engine.backward(loss * self.world)
             sums["loss"] += float(loss.detach())
         lr = float(self.optimizer.param_groups[0]["lr"])  # this update's, before the schedule moves
         grad_norm = self._step()
@@ -171,7 +172,7 @@ class DeepSpeedEngine(TrainEngine):
     def _micro_batches(
         self, data: dict[str, torch.Tensor], loss_weight_fn: LossWeightFn
     ) -> tuple[list[MicroBatch], list[float]]:
-        device = next(self.engine.module.parameters()).device
+        device = next(self.ds_engine.module.parameters()).device
         mbs = [
             {k: v.to(device) for k, v in mb.items()}
             for mb in micro_batches(
@@ -196,10 +197,10 @@ class DeepSpeedEngine(TrainEngine):
         return loss * (weight / total)
 
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
-        return forward_logits(self.engine, mb)
+        return forward_logits(self.ds_engine, mb)
 
     def _padding_batch(self) -> MicroBatch:
-        device = next(self.engine.module.parameters()).device
+        device = next(self.ds_engine.module.parameters()).device
         ids = torch.full((2,), self._pad_id, device=device)
         return {"input_ids": ids, "position_ids": torch.arange(2, device=device)}
 
@@ -211,11 +212,11 @@ class DeepSpeedEngine(TrainEngine):
         """
         own = None
         if self.cfg.zero_stage == 0:
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            grads = [p.grad for p in self.ds_engine.module.parameters() if p.grad is not None]
             own = float(torch.nn.utils.get_total_norm(grads)) if grads else None
-        self.engine.step()
+        self.ds_engine.step()
         self.global_step += 1
-        reported = self.engine.get_global_grad_norm()
+        reported = self.ds_engine.get_global_grad_norm()
         return own if reported is None else float(reported)
 
     def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
@@ -235,7 +236,7 @@ class DeepSpeedEngine(TrainEngine):
 
         Collective under ZeRO-3: every rank must call it.
         """
-        module = self.engine.module
+        module = self.ds_engine.module
         if self.cfg.zero_stage == 3:
             import deepspeed
 
@@ -249,7 +250,7 @@ class DeepSpeedEngine(TrainEngine):
         reference policy a KL penalty holds the run to. Collective under ZeRO-3."""
         from transformers import AutoModelForCausalLM
 
-        module = self.engine.module
+        module = self.ds_engine.module
         copy = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
         copy.load_state_dict(self.full_state_dict(), strict=False)
         copy.tie_weights()
@@ -261,7 +262,7 @@ class DeepSpeedEngine(TrainEngine):
         path.mkdir(parents=True, exist_ok=True)
         state = self.full_state_dict()
         if self.rank == 0:
-            self.engine.module.save_pretrained(path, state_dict=state)
+            self.ds_engine.module.save_pretrained(path, state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
         return path
@@ -269,14 +270,14 @@ class DeepSpeedEngine(TrainEngine):
     def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
         """DeepSpeed's own checkpoint (weights, optimizer shards); collective."""
         tag = f"step{client_state.get('step', self.global_step)}"
-        self.engine.save_checkpoint(
+        self.ds_engine.save_checkpoint(
             str(path), tag=tag, client_state={**client_state, "global_step": self.global_step}
         )
 
     def load_checkpoint(self, path: Path) -> dict[str, Any] | None:
         if not (Path(path) / "latest").is_file():
             return None
-        load_path, client_state = self.engine.load_checkpoint(str(path))
+        load_path, client_state = self.ds_engine.load_checkpoint(str(path))
         if load_path is None:
             return None
         client_state = dict(client_state or {})
