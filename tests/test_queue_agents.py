@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rollout_helpers import token_store
 
 from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
 from trainer.api import (
@@ -36,6 +37,20 @@ ROW = {
     "answer": "5",
 }
 RETRY = "Unfortunately your answer is wrong. Let's try again."
+
+
+@pytest.fixture
+def store(tmp_path):  # type: ignore[no-untyped-def]
+    """The store queue-agent episodes record into (a real SQLite one)."""
+    with token_store(tmp_path) as recorder:
+        yield recorder
+
+
+def runner(agent, env, eng, store, style: str = "concat", **kwargs) -> QueueAgentRunner:  # type: ignore[no-untyped-def]
+    """As the trainer builds it; `concat` (the example's config) trains each trajectory
+    as the one sequence it returned."""
+    engine = eng if isinstance(eng, RolloutEngine) else RolloutEngine(eng, recorder=store)
+    return QueueAgentRunner(agent, env, engine, export_style=style, **kwargs)
 
 
 @pytest.fixture
@@ -141,13 +156,12 @@ async def test_math_single_step_env() -> None:
 # ---- the multi-turn agent through the driver -----------------------------------------
 
 
-async def test_two_turns_wrong_then_right(tokenizer) -> None:
+async def test_two_turns_wrong_then_right(tokenizer, store) -> None:
     eng = text_engine(tokenizer, VersionedFake)
     eng.script("The answer is 4.", "2 + 3 = 5. The answer is 5.")
-    runner = QueueAgentRunner(
-        math_agent(tokenizer), make_env("math-single-step"), RolloutEngine(eng)
+    (ep,) = await runner(math_agent(tokenizer), make_env("math-single-step"), eng, store).run_group(
+        dict(ROW), 7, 1
     )
-    (ep,) = await runner.run_group(dict(ROW), 7, 1)
     assert ep.error is None and ep.group == 7 and ep.num_completions == 2
     (s,) = ep.samples
 
@@ -177,25 +191,22 @@ async def test_two_turns_wrong_then_right(tokenizer) -> None:
     assert "SmolLM" not in tokenizer.decode(feedback)
 
 
-async def test_wrong_twice_scores_zero_and_right_at_once_scores_one(tokenizer) -> None:
+async def test_wrong_twice_scores_zero_and_right_at_once_scores_one(tokenizer, store) -> None:
     eng = text_engine(tokenizer)
     eng.script("The answer is 4.", "The answer is 6.", "The answer is 5.")
-    runner = QueueAgentRunner(
-        math_agent(tokenizer), make_env("math-single-step"), RolloutEngine(eng)
-    )
-    wrong = await runner.run_episode(dict(ROW), 0)
-    right = await runner.run_episode(dict(ROW), 0)
+    run = runner(math_agent(tokenizer), make_env("math-single-step"), eng, store)
+    wrong = await run.run_episode(dict(ROW), 0)
+    right = await run.run_episode(dict(ROW), 0)
     assert [s["returns"] for s in wrong.samples + right.samples] == [0.0, 1.0]
     assert right.num_completions == 1
 
 
-async def test_n_samples_trajectories_form_one_group(tokenizer) -> None:
+async def test_n_samples_trajectories_form_one_group(tokenizer, store) -> None:
     eng = text_engine(tokenizer)
     # turn 1: three samples of the prompt; turn 2: the two wrong ones try again
     eng.script("The answer is 5.", "The answer is 4.", "The answer is 3.", "So 5.", "Still 4.")
     agent = math_agent(tokenizer, gconfig={"n_samples": 3, "max_new_tokens": 32, "seed": 10})
-    runner = QueueAgentRunner(agent, make_env("math-single-step"), RolloutEngine(eng))
-    (ep,) = await runner.run_group(dict(ROW), 2, 1)
+    (ep,) = await runner(agent, make_env("math-single-step"), eng, store).run_group(dict(ROW), 2, 1)
     assert ep.error is None and ep.num_completions == 5
     assert [s["returns"] for s in ep.samples] == [1.0, 0.5, 0.0]
     assert ep.reward == pytest.approx(0.5)
@@ -207,13 +218,12 @@ async def test_n_samples_trajectories_form_one_group(tokenizer) -> None:
     assert ep.samples[0]["input_ids"][-len(first) :] == first
 
 
-async def test_output_cut_by_length_gets_its_turn_closed(tokenizer) -> None:
+async def test_output_cut_by_length_gets_its_turn_closed(tokenizer, store) -> None:
     eng = text_engine(tokenizer)
     long_answer = "Let me think about this problem step by step, slowly and carefully."
     eng.script(long_answer, "The answer is 5.")
     agent = math_agent(tokenizer, gconfig={"max_new_tokens": 4})
-    runner = QueueAgentRunner(agent, make_env("math-single-step"), RolloutEngine(eng))
-    (ep,) = await runner.run_group(dict(ROW), 0, 1)
+    (ep,) = await runner(agent, make_env("math-single-step"), eng, store).run_group(dict(ROW), 0, 1)
     s = ep.samples[0]
     cut = encode(tokenizer, long_answer)[:4]
     start = s["input_ids"].index(cut[0], len(s["input_ids"]) - 40)
@@ -233,7 +243,7 @@ class ScriptedAgent(Agent):
         return await self.body(prompt, env, obs_queue, act_queue)
 
 
-async def test_bundled_outputs_from_the_driver() -> None:
+async def test_bundled_outputs_from_the_driver(store) -> None:
     seen: list[BundledGenerationOutputs] = []
 
     async def body(prompt, env, obs_queue, act_queue):  # type: ignore[no-untyped-def]
@@ -254,18 +264,16 @@ async def test_bundled_outputs_from_the_driver() -> None:
         ]
 
     eng = FakeEngine(reply_ids=[5, 6, 7], stop_id=STOP)
-    (ep,) = await QueueAgentRunner(ScriptedAgent(body), EchoEnv(), RolloutEngine(eng)).run_group(
-        {"a": 1}, 0, 1
-    )
+    (ep,) = await runner(ScriptedAgent(body), EchoEnv(), eng, store).run_group({"a": 1}, 0, 1)
     (act,) = seen
-    assert act.qid == ep.session_id.removeprefix("agent-")
+    assert act.qid and act.qid != ep.session_id
     assert act.prompt_ids == [1, 2, 3] and act.output_ids == [[5, 6], [5, 6]]
     assert act.no_eos == [True, True] and act.finish_reasons == ["length", "length"]
     assert act.seqs == [[1, 2, 3, 5, 6]] * 2 and act.version_start == [0, 0]
     assert [s["returns"] for s in ep.samples] == [0.0, 1.0]
 
 
-async def test_agent_that_raises_leaves_nothing_running() -> None:
+async def test_agent_that_raises_leaves_nothing_running(store) -> None:
     before = other_tasks()
 
     async def body(prompt, env, obs_queue, act_queue):  # type: ignore[no-untyped-def]
@@ -275,9 +283,7 @@ async def test_agent_that_raises_leaves_nothing_running() -> None:
 
     eng = FakeEngine(reply_ids=[5], stop_id=STOP, delay_s=30)
     started = time.perf_counter()
-    (ep,) = await QueueAgentRunner(ScriptedAgent(body), EchoEnv(), RolloutEngine(eng)).run_group(
-        {}, 0, 1
-    )
+    (ep,) = await runner(ScriptedAgent(body), EchoEnv(), eng, store).run_group({}, 0, 1)
     assert time.perf_counter() - started < 5
     assert ep.error == "ValueError: agent bug" and ep.samples == []
     assert ep.num_completions == 3
@@ -285,7 +291,7 @@ async def test_agent_that_raises_leaves_nothing_running() -> None:
     assert other_tasks() == before
 
 
-async def test_generation_failure_stops_the_waiting_agent() -> None:
+async def test_generation_failure_stops_the_waiting_agent(store) -> None:
     before = other_tasks()
 
     async def body(prompt, env, obs_queue, act_queue):  # type: ignore[no-untyped-def]
@@ -294,9 +300,7 @@ async def test_generation_failure_stops_the_waiting_agent() -> None:
         return []
 
     eng = FakeEngine(reply_ids=[5], stop_id=STOP, max_context=2)  # the prompt does not fit
-    (ep,) = await QueueAgentRunner(ScriptedAgent(body), EchoEnv(), RolloutEngine(eng)).run_group(
-        {}, 0, 1
-    )
+    (ep,) = await runner(ScriptedAgent(body), EchoEnv(), eng, store).run_group({}, 0, 1)
     assert ep.error is not None and ep.error.startswith("ContextTooLongError")
     await asyncio.sleep(0)
     assert other_tasks() == before
@@ -311,18 +315,16 @@ async def test_generation_failure_stops_the_waiting_agent() -> None:
         ("oops", "must return a list of trajectory dicts"),
     ],
 )
-async def test_malformed_trajectories(trajectories, message) -> None:  # type: ignore[no-untyped-def]
+async def test_malformed_trajectories(trajectories, message, store) -> None:  # type: ignore[no-untyped-def]
     async def body(prompt, env, obs_queue, act_queue):  # type: ignore[no-untyped-def]
         return trajectories
 
     eng = FakeEngine(reply_ids=[5], stop_id=STOP)
-    (ep,) = await QueueAgentRunner(ScriptedAgent(body), EchoEnv(), RolloutEngine(eng)).run_group(
-        {}, 0, 1
-    )
+    (ep,) = await runner(ScriptedAgent(body), EchoEnv(), eng, store).run_group({}, 0, 1)
     assert ep.error is not None and message in ep.error
 
 
-async def test_bad_observation_and_timeout() -> None:
+async def test_bad_observation_and_timeout(store) -> None:
     async def bad(prompt, env, obs_queue, act_queue):  # type: ignore[no-untyped-def]
         await obs_queue.put(("q", "not tokens", GenerationHyperparameters()))
         return await act_queue.get()
@@ -330,11 +332,11 @@ async def test_bad_observation_and_timeout() -> None:
     async def stuck(prompt, env, obs_queue, act_queue):  # type: ignore[no-untyped-def]
         return await act_queue.get()  # forgot to put an observation
 
-    eng = RolloutEngine(FakeEngine(reply_ids=[5], stop_id=STOP))
-    (ep,) = await QueueAgentRunner(ScriptedAgent(bad), EchoEnv(), eng).run_group({}, 0, 1)
+    eng = RolloutEngine(FakeEngine(reply_ids=[5], stop_id=STOP), recorder=store)
+    (ep,) = await runner(ScriptedAgent(bad), EchoEnv(), eng, store).run_group({}, 0, 1)
     assert "token_ids must be a list of ints" in ep.error
-    runner = QueueAgentRunner(ScriptedAgent(stuck), EchoEnv(), eng, episode_timeout_s=0.05)
-    (ep,) = await runner.run_group({}, 0, 1)
+    timed = runner(ScriptedAgent(stuck), EchoEnv(), eng, store, episode_timeout_s=0.05)
+    (ep,) = await timed.run_group({}, 0, 1)
     assert ep.error.startswith("TimeoutError")
 
 
@@ -346,5 +348,6 @@ def test_queue_yaml_loads() -> None:
         "args": {},
     }
     assert cfg.total_steps <= 10
+    assert cfg.rollout.agent.export_style == "concat"  # a trajectory is one sample
     agent_args = dict(cfg.agent["args"])
     assert GenerationHyperparameters.coerce(agent_args["gconfig"]).n_samples >= 2

@@ -1,4 +1,5 @@
-"""Token-level workflows: RolloutEngine.agenerate, the ReMax example, TokenWorkflowRunner, REINFORCE loss."""
+"""Token-level workflows: RolloutEngine.agenerate, the ReMax example, TokenWorkflowRunner
+(what a workflow may return, checked against its recorded generations), REINFORCE loss."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rollout_helpers import token_store
 
 from gateway.inference.base import SamplingParams
 from gateway.inference.fake import FAKE_LOGPROB, FakeEngine
@@ -26,7 +28,7 @@ from trainer.rollout.engine import (
     GenerationError,
     RolloutEngine,
 )
-from trainer.rollout.workflow import TokenWorkflowRunner, episode_samples
+from trainer.rollout.workflow import TokenWorkflowRunner
 
 REPO = Path(__file__).resolve().parent.parent
 REMAX = import_file(REPO / "agents" / "remax.py")
@@ -41,6 +43,13 @@ def fake(**kwargs) -> FakeEngine:
     kwargs.setdefault("reply_ids", [5, 6, 7])
     kwargs.setdefault("stop_id", STOP)
     return FakeEngine(**kwargs)
+
+
+@pytest.fixture
+def store(tmp_path):  # type: ignore[no-untyped-def]
+    """The store token-level episodes record into (a real SQLite one)."""
+    with token_store(tmp_path) as recorder:
+        yield recorder
 
 
 @pytest.fixture
@@ -233,71 +242,94 @@ async def test_remax_workflow_output(tokenizer) -> None:
     assert set(out["rewards"][0].tolist()) == {-1.0}
 
 
-async def test_runner_turns_remax_episodes_into_samples(tokenizer) -> None:
+async def test_runner_turns_remax_episodes_into_samples(tokenizer, store) -> None:
     eng = GreedyScriptEngine(tokenizer, "The answer is 5.", "The answer is 5.")
     wf = REMAX.ReMaxRLVRWorkflow(
         gconfig={"max_new_tokens": 32, "temperature": 0.7}, tokenizer=tokenizer
     )
-    episodes = await TokenWorkflowRunner(wf, RolloutEngine(eng)).run_group(dict(ROW), 3, 2)
+    runner = TokenWorkflowRunner(wf, RolloutEngine(eng, recorder=store))
+    episodes = await runner.run_group(dict(ROW), 3, 2)
     assert len(episodes) == 2 and {ep.group for ep in episodes} == {3}
     for ep in episodes:
         assert ep.error is None and ep.num_completions == 2 and ep.reward == 0.0
-        (s,) = ep.samples
+        (s,) = ep.samples  # the greedy baseline is recorded, not trained
         (raw,) = ep.raw
         n = len(s["input_ids"])
-        assert s["returns"] == 0.0 and s["temperature"] == 0.7 and s["has_logprobs"]
+        # the two answers have the same tokens: the sampled one (the gconfig's
+        # temperature) is the one trained
+        assert s["returns"] == 0.0 and s["temperature"] == 0.7
         assert len(s["loss_mask"]) == len(s["logprobs"]) == len(s["versions"]) == n
         assert s["versions"] == [0 if m else -1 for m in s["loss_mask"]]
         assert raw["input_ids"].shape == (n,) and raw["rewards"].shape == (n,)
         assert raw["input_ids"].tolist() == s["input_ids"]
+        stored = {c["id"]: c for c in store.repo.completions(ep.session_id)}
+        (trained,) = s["completion_ids"]
+        assert stored[trained]["request"]["temperature"] == 0.7
+        assert [c["side_request"] for c in stored.values()].count(True) == 1
     assert episodes[0].session_id != episodes[1].session_id
 
 
 # ---- TokenWorkflowRunner: what workflows may return ----------------------------------
 
 
+PROMPT = [1, 2]
+REPLY = [5, 6, 7, STOP]  # what fake() answers
+
+
 class Returns(RolloutWorkflow):
+    """Generates once from PROMPT, then returns `value(response)` (or raises `exc`)."""
+
     def __init__(self, value=None, exc: Exception | None = None) -> None:  # type: ignore[no-untyped-def]
         self.value, self.exc = value, exc
 
     async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+        resp = await engine.agenerate(LLMRequest(input_ids=PROMPT))
         if self.exc is not None:
             raise self.exc
-        return self.value() if callable(self.value) else self.value
+        return self.value(resp) if callable(self.value) else self.value
 
 
 def good(**changes):  # type: ignore[no-untyped-def]
+    """The usual return value: prompt + reply, the reply trained, reward 0.5."""
     out = {
-        "input_ids": torch.tensor([[1, 2, 3, 4]]),
-        "loss_mask": torch.tensor([[0, 0, 1, 1]]),
-        "logprobs": torch.tensor([[0.0, 0.0, -0.1, -0.2]]),
-        "versions": torch.tensor([[-1, -1, 4, 4]]),
+        "input_ids": torch.tensor([PROMPT + REPLY]),
+        "loss_mask": torch.tensor([[0, 0, 1, 1, 1, 1]]),
+        "logprobs": torch.tensor([[0.0, 0.0] + [FAKE_LOGPROB] * 4]),
+        "versions": torch.tensor([[-1, -1, 0, 0, 0, 0]]),
         "rewards": torch.tensor([0.5]),
     }
     out.update(changes)
     return {k: v for k, v in out.items() if v is not None}
 
 
-async def run_one(workflow: RolloutWorkflow, version: int = 0):  # type: ignore[no-untyped-def]
+async def run_one(workflow: RolloutWorkflow, store, version: int = 0, **kwargs):  # type: ignore[no-untyped-def]
     eng = fake()
     for _ in range(version):
         eng.bump_version()
-    (ep,) = await TokenWorkflowRunner(workflow, RolloutEngine(eng)).run_group({"x": 1}, 0, 1)
+    runner = TokenWorkflowRunner(workflow, RolloutEngine(eng, recorder=store), **kwargs)
+    (ep,) = await runner.run_group({"x": 1}, 0, 1)
     return ep
 
 
-async def test_a_good_episode_and_its_sample() -> None:
-    ep = await run_one(Returns(good()))
-    assert ep.error is None and ep.reward == 0.5
+async def test_a_good_episode_and_its_sample(store) -> None:
+    ep = await run_one(Returns(good()), store, version=4)
+    assert ep.error is None and ep.reward == 0.5 and ep.num_completions == 1
     (s,) = ep.samples
+    (c,) = store.repo.completions(ep.session_id)
+    assert c["reward"] == 0.5 and not c["side_request"] and c["endpoint"] == "direct"
     assert {k: s[k] for k in ("input_ids", "loss_mask", "versions", "returns", "temperature")} == {
-        "input_ids": [1, 2, 3, 4],
-        "loss_mask": [0, 0, 1, 1],
-        "versions": [-1, -1, 4, 4],
+        "input_ids": PROMPT + REPLY,
+        "loss_mask": [0, 0, 1, 1, 1, 1],
+        "versions": [-1, -1, 4, 4, 4, 4],  # the recorded versions, whatever was returned
         "returns": 0.5,
         "temperature": 1.0,
     }
-    assert s["logprobs"] == pytest.approx([0.0, 0.0, -0.1, -0.2]) and s["has_logprobs"] is True
+    assert s["logprobs"] == pytest.approx([0.0, 0.0] + [FAKE_LOGPROB] * 4)
+    assert s["completion_ids"] == [c["id"]] and s["session_id"] == ep.session_id
+
+
+def two(first, second):  # type: ignore[no-untyped-def]
+    return torch.tensor([first, second])
 
 
 @pytest.mark.parametrize(
@@ -309,72 +341,88 @@ async def test_a_good_episode_and_its_sample() -> None:
         (Returns(good(rewards=None)), "no 'rewards'"),
         (
             Returns(good(loss_mask=torch.tensor([[0, 1, 1]]))),
-            "loss_mask has 3 entries but input_ids has 4",
+            "loss_mask has 3 entries but input_ids has 6",
         ),
         (Returns(good(logprobs=torch.tensor([[0.0, -1.0]]))), "logprobs has 2 entries"),
         (Returns(good(rewards=torch.tensor([float("nan")]))), "rewards is nan"),
-        (Returns(good(rewards=torch.tensor([[0.0, 0.0, 1.0, float("inf")]]))), "NaN or inf"),
+        (Returns(good(rewards=torch.tensor([[0.0] * 5 + [float("inf")]]))), "NaN or inf"),
         (Returns(good(rewards=torch.tensor([1.0, 2.0]))), "one value per token"),
-        (Returns(good(loss_mask=torch.tensor([[0, 0, 0, 0]]))), "no token to train on"),
-        (Returns(good(loss_mask=torch.tensor([[0, 0, 2, 1]]))), "only 0 and 1"),
-        (
-            Returns(good(logprobs=torch.tensor([[0.0, 0.0, float("nan"), -1.0]]))),
-            "logprobs has NaN",
-        ),
-        (Returns(good(input_ids=torch.tensor([[1.0, 2.0, 3.0, 4.0]]))), "must be integers"),
+        (Returns(good(loss_mask=torch.tensor([[0] * 6]))), "no token to train on"),
+        (Returns(good(loss_mask=torch.tensor([[0, 0, 2, 1, 1, 1]]))), "only 0 and 1"),
+        (Returns(good(input_ids=torch.tensor([[1.0] * 6]))), "must be integers"),
         (Returns([1, 2, 3]), "expected a dict of tensors"),
+        # trained tokens must be whole outputs the engine gave, after their own prompt
+        (Returns(good(input_ids=torch.tensor([PROMPT + [5, 6, 7, 9]]))), "tokens 2..5 are not"),
+        (Returns(good(input_ids=torch.tensor([[3, 2, *REPLY]]))), "tokens 2..5 are not"),
+        (Returns(good(loss_mask=torch.tensor([[0, 0, 1, 1, 1, 0]]))), "tokens 2..4 are not"),
+        (Returns(good(loss_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]))), "tokens 1..5 are not"),
+        (
+            Returns(
+                lambda r: {
+                    "input_ids": two(PROMPT + REPLY, PROMPT + REPLY),
+                    "loss_mask": two([0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]),
+                    "rewards": torch.tensor([1.0, 0.0]),
+                }
+            ),  # fmt: skip
+            "sequences 0 and 1 end with the same generation",
+        ),
     ],
 )
-async def test_bad_workflows_become_episode_errors(workflow, message) -> None:  # type: ignore[no-untyped-def]
-    ep = await run_one(workflow)
-    assert ep.error is not None and message in ep.error
+async def test_bad_workflows_become_episode_errors(workflow, message, store) -> None:  # type: ignore[no-untyped-def]
+    ep = await run_one(workflow, store)
+    assert ep.error is not None and message in ep.error, ep.error
     assert ep.samples == [] and ep.raw == []
+    # what it generated is in the store all the same, with no reward
+    (c,) = store.repo.completions(ep.session_id)
+    assert c["output_ids"] == REPLY and c["reward"] is None
 
 
-async def test_none_discards_the_episode() -> None:
-    ep = await run_one(Returns(None))
+async def test_none_discards_the_episode(store) -> None:
+    ep = await run_one(Returns(None), store)
     assert ep.error is None and ep.samples == [] and ep.reward is None
+    assert [c["reward"] for c in store.repo.completions(ep.session_id)] == [None]
 
 
-async def test_optional_keys_and_shapes() -> None:
+async def test_optional_keys_and_shapes(store) -> None:
     # 1-D tensors, plain lists, a float reward, no logprobs and no versions
     ep = await run_one(
-        Returns({"input_ids": [1, 2, 3], "loss_mask": torch.tensor([0, 1, 1]), "rewards": 2.0}),
-        version=7,
-    )
+        Returns({"input_ids": PROMPT + REPLY, "loss_mask": torch.tensor([0, 0, 1, 1, 1, 1]),
+                 "rewards": 2.0}),
+        store, version=7,
+    )  # fmt: skip
     (s,) = ep.samples
-    assert s["logprobs"] == [0.0] * 3 and s["has_logprobs"] is False
-    assert s["versions"] == [-1, 7, 7]  # the version when the episode started
+    assert s["logprobs"] == [0.0, 0.0] + [FAKE_LOGPROB] * 4  # as recorded
+    assert s["versions"] == [-1, -1, 7, 7, 7, 7]
     assert s["returns"] == 2.0
 
     # per-token rewards: the value at the last trained token
-    ep = await run_one(Returns(good(rewards=torch.tensor([[9.0, 9.0, 0.25, 0.75]]), extra="note")))
+    rewards = torch.tensor([[9.0, 9.0, 0.0, 0.0, 0.25, 0.75]])
+    ep = await run_one(Returns(good(rewards=rewards, extra="note")), store)
     assert ep.samples[0]["returns"] == 0.75 and ep.raw[0]["extra"] == "note"
 
-    # logprobs/versions of untrained tokens are normalised to 0.0 / -1
-    ep = await run_one(
-        Returns(
-            good(
-                logprobs=torch.tensor([[-3.0, -3.0, -0.1, -0.2]]),
-                versions=torch.tensor([[5, 5, 5, 5]]),
-            )
-        )
-    )
-    assert ep.samples[0]["logprobs"][:2] == [0.0, 0.0] and ep.samples[0]["versions"][:2] == [-1, -1]
+
+class GeneratesTwice(RolloutWorkflow):
+    """Two prompts, two generations, returned as one right-padded batch."""
+
+    async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+        g = GenerationHyperparameters(max_new_tokens=1)
+        await engine.agenerate(LLMRequest(input_ids=[1, 2], gconfig=g.new(max_new_tokens=4)))
+        await engine.agenerate(LLMRequest(input_ids=[7, 8], gconfig=g))
+        return {
+            "input_ids": torch.tensor([[1, 2, 5, 6, 7, STOP], [7, 8, 5, 0, 0, 0]]),
+            "loss_mask": torch.tensor([[0, 0, 1, 1, 1, 1], [0, 0, 1, 0, 0, 0]]),
+            "attention_mask": torch.tensor([[1] * 6, [1, 1, 1, 0, 0, 0]]),
+            "rewards": torch.tensor([1.0, 0.0]),
+            "tag": ["a", "b"],
+        }
 
 
-async def test_padded_batch_of_two_sequences() -> None:
-    out = {
-        "input_ids": torch.tensor([[1, 2, 3, 4], [7, 8, 0, 0]]),
-        "loss_mask": torch.tensor([[0, 1, 1, 1], [0, 1, 0, 0]]),
-        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
-        "rewards": torch.tensor([1.0, 0.0]),
-        "tag": ["a", "b"],
-    }
-    ep = await run_one(Returns(out))
-    assert [s["input_ids"] for s in ep.samples] == [[1, 2, 3, 4], [7, 8]]
+async def test_padded_batch_of_two_sequences(store) -> None:
+    ep = await run_one(GeneratesTwice(), store)
+    assert ep.error is None, ep.error
+    assert [s["input_ids"] for s in ep.samples] == [[1, 2, 5, 6, 7, STOP], [7, 8, 5]]
     assert [s["returns"] for s in ep.samples] == [1.0, 0.0]
-    assert ep.raw[1]["loss_mask"].tolist() == [0, 1] and ep.raw[1]["tag"] == "b"
+    assert ep.raw[1]["loss_mask"].tolist() == [0, 0, 1] and ep.raw[1]["tag"] == "b"
     assert ep.raw[1]["rewards"].shape == ()
     assert ep.reward == 0.5
 
@@ -389,21 +437,61 @@ class FakeTensorDict:
         return self._data.items()
 
 
-async def test_tensordict_like_and_rewards_without_batch_dim() -> None:
+async def test_tensordict_like_and_rewards_without_batch_dim(store) -> None:
     # as in the reference ReMax: rewards is (L,) while the rest is (1, L)
-    data = good(rewards=torch.tensor([0.0, 0.0, -1.0, -1.0]))
-    ep = await run_one(Returns(FakeTensorDict(data, [1])))
+    data = good(rewards=torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, -1.0]))
+    ep = await run_one(Returns(FakeTensorDict(data, [1])), store)
     assert ep.error is None and ep.samples[0]["returns"] == -1.0
-    samples, raws = episode_samples(FakeTensorDict(data, [1]))
-    assert raws[0]["rewards"].shape == (4,) and samples[0]["input_ids"] == [1, 2, 3, 4]
+    assert ep.raw[0]["rewards"].shape == (6,) and ep.samples[0]["input_ids"] == PROMPT + REPLY
 
 
-async def test_workflow_temperature_comes_from_its_gconfig() -> None:
-    wf = Returns(good())
-    wf.gconfig = GenerationHyperparameters(temperature=0.6)  # type: ignore[attr-defined]
-    assert (await run_one(wf)).samples[0]["temperature"] == 0.6
-    wf.gconfig = GenerationHyperparameters(temperature=0.6, greedy=True)  # type: ignore[attr-defined]
-    assert (await run_one(wf)).samples[0]["temperature"] == 1.0
+class SampledAndGreedy(RolloutWorkflow):
+    """Two answers with the same tokens, sampled at 0.6 and greedy; returns one."""
+
+    gconfig = GenerationHyperparameters(temperature=0.6)
+
+    async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+        for g in (self.gconfig, self.gconfig.new(greedy=True)):
+            resp = await engine.agenerate(LLMRequest(input_ids=PROMPT, gconfig=g))
+        return good() | {"input_ids": torch.tensor([PROMPT + resp.output_tokens])}
+
+
+async def test_the_trained_generation_is_told_by_the_workflows_temperature(store) -> None:
+    wf = SampledAndGreedy()
+    (s,) = (await run_one(wf, store)).samples
+    assert s["temperature"] == 0.6
+    wf.gconfig = GenerationHyperparameters(temperature=0.6, greedy=True)
+    (s,) = (await run_one(wf, store)).samples
+    assert s["temperature"] == 1.0  # greedy: logprobs of the raw logits
+
+
+@pytest.mark.parametrize("style", ["individual", "concat"])
+async def test_export_style_and_turn_discount_apply(store, style) -> None:
+    class TwoTurns(RolloutWorkflow):
+        async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+            first = await engine.agenerate(LLMRequest(input_ids=PROMPT))
+            ids = PROMPT + first.output_tokens + [9]
+            second = await engine.agenerate(LLMRequest(input_ids=ids))
+            n = len(second.output_tokens)
+            return {
+                "input_ids": ids + second.output_tokens,
+                "loss_mask": [0, 0, 1, 1, 1, 1, 0] + [1] * n,
+                "rewards": 1.0,
+            }
+
+    ep = await run_one(TwoTurns(), store, export_style=style, turn_discount=0.5)
+    first, second = store.repo.completions(ep.session_id)
+    assert second["parent_id"] == first["id"] and second["reward"] == 1.0
+    if style == "individual":
+        assert [(s["completion_ids"], s["returns"]) for s in ep.samples] == [
+            ([first["id"]], 0.5),
+            ([second["id"]], 1.0),
+        ]
+    else:
+        (s,) = ep.samples
+        assert s["completion_ids"] == [first["id"], second["id"]]
+        assert s["input_ids"] == PROMPT + REPLY + [9] + REPLY
+        assert s["token_returns"] == [0.0, 0.0] + [0.5] * 4 + [0.0] + [1.0] * 4
 
 
 # ---- the REINFORCE loss on packed tensors ---------------------------------------------

@@ -236,6 +236,13 @@ class Trainer:
     def _rollout_spec(self, workflow: Any) -> tuple[str, Any]:
         """('queue', (agent, env)) | ('workflow', workflow) | ('agent', agent)."""
         cfg = self.config
+        from gateway.samples import EXPORT_STYLES  # every kind's samples are exported
+
+        if cfg.rollout.agent.export_style not in EXPORT_STYLES:
+            raise ValueError(
+                f"rollout.agent.export_style must be one of {sorted(EXPORT_STYLES)}, "
+                f"got {cfg.rollout.agent.export_style!r}"
+            )
         if cfg.agent:
             from trainer.api.registry import make_agent, make_env
 
@@ -260,13 +267,6 @@ class Trainer:
         instance = make_workflow(workflow, cfg.workflow_kwargs)
         if asyncio.iscoroutinefunction(getattr(instance, "arun_episode", None)):
             return "workflow", instance
-        from gateway.samples import EXPORT_STYLES
-
-        if cfg.rollout.agent.export_style not in EXPORT_STYLES:
-            raise ValueError(
-                f"rollout.agent.export_style must be one of {sorted(EXPORT_STYLES)}, "
-                f"got {cfg.rollout.agent.export_style!r}"
-            )
         return "agent", instance
 
     def _dashboard_url(self, admin_key: str) -> str:
@@ -558,28 +558,22 @@ class Trainer:
                 max_concurrent=cfg.rollout.max_concurrent,
                 **self._agent_placement(),
             )
-        from gateway.serving.direct import DirectRecorder
         from trainer.rollout.engine import RolloutEngine
 
-        # like the gateway (and SGLang), stop at the chat template's end tokens unless
-        # a workflow's gconfig names its own
-        state = self.gateway.state
-        engine = RolloutEngine(
-            self.gateway.engine,
-            self.gateway.loop,
-            default_stop_token_ids=state.renderer.stop_token_ids,
-            recorder=DirectRecorder(
-                state.repo, state.recorder, str(cfg.model or "default"), state.config.session_ttl_s
-            ),
-        )
+        engine = RolloutEngine.for_gateway(self.gateway, str(cfg.model or "default"))
+        export = {
+            "export_style": cfg.rollout.agent.export_style,
+            "turn_discount": cfg.rollout.agent.turn_discount,
+            "max_concurrent": cfg.rollout.max_concurrent,
+        }
         if kind == "workflow":
             from trainer.rollout.workflow import TokenWorkflowRunner
 
-            return TokenWorkflowRunner(agent, engine, max_concurrent=cfg.rollout.max_concurrent)
+            return TokenWorkflowRunner(agent, engine, **export)
         from trainer.rollout.queue_agents import QueueAgentRunner
 
         queue_agent, env = agent
-        return QueueAgentRunner(queue_agent, env, engine, max_concurrent=cfg.rollout.max_concurrent)
+        return QueueAgentRunner(queue_agent, env, engine, **export)
 
     def _payload(self, step: int, episodes: list[Episode], data_state: dict[str, Any]) -> dict:
         """What every rank needs for one step (broadcast to the others)."""

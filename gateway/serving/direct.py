@@ -1,10 +1,15 @@
-"""Durable records for generations that bypass the HTTP API.
+"""Sessions for generations that bypass the HTTP API (token-level workflows, queue agents).
 
-Token-level workflows and queue-based agents call the inference engine directly, in
-token ids. Their generations get the same record as a chat completion (a session per
-episode; per generation the exact prompt ids, output ids, logprobs and versions,
-committed before the caller sees the tokens), so `turnstile sessions` and the store
-show every token the policy produced, whichever agent API produced it.
+Token-level workflows and queue-based agents call the inference engine in token ids.
+Their generations are stored like an HTTP agent's: a session per episode; per generation
+the exact prompt ids, output ids, logprobs and versions, committed before the caller sees
+the tokens; a parent link to the earlier generation whose prompt + output the prompt
+continues (a later turn of a multi-turn trajectory), so the turn tree, concat and turn
+discounting work on them. When the episode is over its rewards go onto its generations
+with the same store write as `POST /v1/rewards`, the generations it did not train on (a
+ReMax greedy baseline) are marked side requests, and its samples come from
+`gateway.samples.export_session` over the stored session, as `GET /sessions/{id}/export`
+gives them.
 """
 
 from __future__ import annotations
@@ -13,15 +18,29 @@ import asyncio
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.auth import hash_key
 from gateway.inference.base import GenerationResult, SamplingParams
-from gateway.serving.turn import ChoiceOutput, Turn, completion_record
+from gateway.samples import Sample, export_session
+from gateway.serving.turn import ChoiceOutput, Parent, Turn, completion_record
+from gateway.store.delta import continued_length
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 ENDPOINT = "direct"  # the `endpoint` column of these rows
+
+
+@dataclass(slots=True)
+class _Generation:
+    """A recorded generation of an open session: what a later one's parent is found by."""
+
+    id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    request: dict[str, Any]
+    children: int = 0
 
 
 class DirectRecorder:
@@ -32,6 +51,7 @@ class DirectRecorder:
         self.recorder = recorder
         self.model = model
         self.session_ttl_s = session_ttl_s
+        self._open: dict[str, list[_Generation]] = {}  # by session, until it ends
 
     async def open_session(self, meta: dict[str, Any]) -> str:
         """A session with no usable key: it is written to, never called over HTTP."""
@@ -40,7 +60,24 @@ class DirectRecorder:
         await asyncio.to_thread(
             self.repo.create_session, session_id, unusable_key_hash, self.session_ttl_s, meta
         )
+        self._open[session_id] = []
         return session_id
+
+    def _parent(self, session_id: str, prompt_ids: list[int]) -> _Generation | None:
+        """The generation whose prompt + output this prompt continues: the longest; among
+        equals (n samples that answered alike) the one with fewest children so far, so
+        that each trajectory's next turn hangs under a twin of its own."""
+        best, best_key = None, None
+        for g in self._open.get(session_id, ()):
+            n = len(g.prompt_ids) + len(g.output_ids)
+            if not g.output_ids or n > len(prompt_ids):
+                continue
+            if continued_length(g.prompt_ids, g.output_ids, prompt_ids) != n:
+                continue
+            key = (n, -g.children)
+            if best_key is None or key > best_key:
+                best, best_key = g, key
+        return best
 
     async def record(
         self,
@@ -61,18 +98,64 @@ class DirectRecorder:
             "stop_token_ids": list(params.stop_token_ids),
             "seed": params.seed,
         }
+        parent = self._parent(session_id, prompt_ids)
+        if parent is not None:
+            parent.children += 1  # before any await: a concurrent twin picks another
         turn = Turn(
-            session_id, ENDPOINT, self.model, request, prompt_ids, params, [], None,
-            [completion_id], started=time.perf_counter() - total_s,
-        )  # fmt: skip
+            session_id=session_id,
+            endpoint=ENDPOINT,
+            model=self.model,
+            request=request,
+            prompt_ids=prompt_ids,
+            params=params,
+            stops=[],
+            parent=None
+            if parent is None
+            else Parent(parent.id, parent.prompt_ids, parent.output_ids, parent.request),
+            ids=[completion_id],
+            started=time.perf_counter() - total_s,
+            continues_parent=True if parent is not None else None,
+        )
         out = ChoiceOutput(
-            0, completion_id, "", result.output_ids, result.logprobs, result.versions, None,
-            result.finish_reason, result.queue_s, result.gen_s,
-        )  # fmt: skip
+            index=0,
+            completion_id=completion_id,
+            text="",
+            output_ids=list(result.output_ids),
+            logprobs=list(result.logprobs),
+            versions=list(result.versions),
+            top_logprobs=None,
+            finish_reason=result.finish_reason,
+            queue_s=result.queue_s,
+            gen_s=result.gen_s,
+        )
         response = {"finish_reason": result.finish_reason}
         record = completion_record(turn, out, response, result.finish_reason, completion_id)
         await self.recorder.record(record)  # queued: a cancelled caller loses nothing
+        if session_id in self._open:
+            self._open[session_id].append(
+                _Generation(completion_id, list(prompt_ids), out.output_ids, request)
+            )
         return completion_id
 
+    async def completions(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's stored generations, as `GET /sessions/{id}` lists them."""
+        return await asyncio.to_thread(self.repo.completions, session_id)
+
+    async def settle(
+        self, session_id: str, rewards: dict[str, float], untrained: list[str]
+    ) -> None:
+        """Rewards by completion id (the store write of `POST /v1/rewards`); the
+        generations in `untrained` become side requests, which exports leave out."""
+        if untrained:
+            await asyncio.to_thread(self.repo.mark_side_requests, session_id, untrained)
+        if rewards:
+            await asyncio.to_thread(self.repo.set_rewards, rewards)
+
+    async def export(self, session_id: str, style: str, turn_discount: float) -> list[Sample]:
+        """The session's samples, as `GET /sessions/{id}/export` computes them."""
+        completions = await self.completions(session_id)
+        return export_session(session_id, completions, style, turn_discount)
+
     async def end_session(self, session_id: str) -> None:
+        self._open.pop(session_id, None)
         await asyncio.to_thread(self.repo.end_session, session_id)

@@ -293,6 +293,17 @@ class Repository:
                 )
         return len(rewards)
 
+    def mark_side_requests(self, session_id: str, completion_ids: list[str]) -> None:
+        """Leave these completions out of training exports (a token-level episode's
+        generations that it did not return for training, such as a greedy baseline)."""
+        c = CompletionRow.__table__
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(c)
+                .where(c.c.session_id == session_id, c.c.id.in_(completion_ids))
+                .values(side_request=True)
+            )
+
     # ---- signing keys (gateway/signing.py) -------------------------------------------
     def signing_keys(self) -> list[tuple[str, str, float]]:
         """(id, secret, created_at) of each stored signing key, oldest first."""

@@ -94,10 +94,27 @@ class RolloutEngine:
         child._route_key = self._route_key
         return child
 
-    async def open_episode(self, meta: dict[str, Any]) -> str | None:
-        """Start this (forked) engine's session in the store; its id, or None."""
-        if self.recorder is not None:
-            self.session_id = await self.recorder.open_session(meta)
+    @classmethod
+    def for_gateway(cls, gateway: Any, model: str = "default") -> RolloutEngine:
+        """The engine of a running `gateway.server.BackgroundGateway`, recording into its
+        store, and stopping at the chat template's end tokens unless a request's gconfig
+        names its own (as the gateway and SGLang do)."""
+        from gateway.serving.direct import DirectRecorder
+
+        state = gateway.state
+        recorder = DirectRecorder(state.repo, state.recorder, model, state.config.session_ttl_s)
+        return cls(
+            gateway.engine,
+            gateway.loop,
+            default_stop_token_ids=state.renderer.stop_token_ids,
+            recorder=recorder,
+        )
+
+    async def open_episode(self, meta: dict[str, Any]) -> str:
+        """Start this (forked) engine's session in the store; its id."""
+        if self.recorder is None:
+            raise GenerationError("this engine records nowhere: it has no recorder")
+        self.session_id = await self.recorder.open_session(meta)
         return self.session_id
 
     async def close_episode(self) -> None:

@@ -11,15 +11,18 @@ A trajectory is a dict (lists or 1-D tensors, all aligned with `input_ids`):
 
     input_ids   prompt, outputs and everything in between, as the model saw them
     loss_mask   1 on tokens the policy generated and should learn from, else 0
-    logprobs    behaviour logprob of each token (0.0 where not generated)
-    versions    policy version of each token (-1 where not generated)
     reward      float: the trajectory's return (or `rewards`, one per token: the
                 value at the last trained token counts)
-    temperature optional float; by default the temperature the driver sampled at
+    logprobs, versions, temperature   optional (the recorded ones are trained on)
 
-Each `collect_trajectory` call is one `Episode`; all the trajectories it returns are in
+Each `collect_trajectory` call is one `Episode` in a session of the gateway's store, where
+every generation the driver made is recorded; all the trajectories it returns are in
 that episode's group (GRPO compares them: e.g. the n_samples answers to one prompt).
-Other keys are kept in `Episode.raw`.
+Each trajectory's runs of trained tokens must be whole outputs the driver sent back;
+its reward goes onto its last generation, and the samples are the session's export
+under `rollout.agent.export_style` and `turn_discount` (`concat` trains a multi-turn
+trajectory as the one sequence it returned; trainer/rollout/token_episodes.py). Other
+keys are kept in `Episode.raw`.
 
 Several observations may be in flight at once (e.g. one per trajectory, each with its
 own qid like "q@3"); answers arrive on `act_queue` in completion order, so match them by
@@ -31,85 +34,75 @@ sections of the trainer config).
 from __future__ import annotations
 
 import asyncio
-import copy
-import logging
 import operator
 import uuid
 from typing import Any
 
 from trainer.api.agent import Agent, BundledGenerationOutputs, EnvironmentService
 from trainer.api.io_struct import GenerationHyperparameters, LLMRequest
-from trainer.rollout.agent_runner import Episode, EpisodeRunner
+from trainer.backend.batches import SampleError, split_sequences
 from trainer.rollout.engine import RolloutEngine
-from trainer.rollout.workflow import SampleError, sequence_to_sample, split_sequences
+from trainer.rollout.token_episodes import RecordedEpisodeRunner, Returned, check_sequence
 
 __all__ = ["QueueAgentRunner"]
-
-log = logging.getLogger(__name__)
 
 
 # ---- the driver ---------------------------------------------------------------------
 
 
-class QueueAgentRunner(EpisodeRunner):
+class QueueAgentRunner(RecordedEpisodeRunner):
     """Runs a queue agent for the trainer: `await run_group(data, group, group_size)`.
 
     For every run: two fresh queues, the agent's `collect_trajectory`, and a driver that
-    serves each observation with `gconfig.n_samples` concurrent `agenerate` calls. When
-    the agent returns or raises (or a generation fails, or `episode_timeout_s` passes)
-    everything of that run is cancelled and awaited: nothing is left running.
+    serves each observation with `gconfig.n_samples` concurrent `agenerate` calls (each
+    recorded in the episode's session). When the agent returns or raises (or a
+    generation fails, or `episode_timeout_s` passes) everything of that run is cancelled
+    and awaited: nothing is left running. The trajectories it returns become rewards on
+    the recorded generations; its samples are the session's export
+    (trainer/rollout/token_episodes.py).
     """
+
+    kind = "queue-agent"
+    malformed = "malformed trajectory"
 
     def __init__(
         self,
         agent: Agent,
         env: EnvironmentService,
         engine: RolloutEngine,
-        max_concurrent: int = 64,
         episode_timeout_s: float | None = None,
+        **kwargs: Any,
     ) -> None:
+        """`kwargs`: `export_style`, `turn_discount`, `max_concurrent`."""
         if not callable(getattr(agent, "collect_trajectory", None)):
             raise TypeError(f"{type(agent).__name__} has no `async def collect_trajectory`")
         self.agent = agent
         self.env = env
-        self.engine = engine
         self.episode_timeout_s = episode_timeout_s
-        super().__init__(max_concurrent)
+        super().__init__(engine, **kwargs)
 
-    async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
-        async with self._sem:
-            qid = uuid.uuid4().hex[:16]
-            ep = Episode(group=group, session_id=f"agent-{qid}")
-            prompt = copy.deepcopy(dict(data))
-            prompt["qid"] = qid
-            engine = self.engine.fork()
-            # recorded in the gateway's store when the trainer gave the engine a recorder
-            ep.session_id = await engine.open_episode({"group": group, "kind": "queue-agent"}) or (
-                ep.session_id
+    async def play(self, engine: RolloutEngine, data: dict[str, Any]) -> tuple[Any, float | None]:
+        prompt = dict(data)
+        prompt["qid"] = uuid.uuid4().hex[:16]
+        temperatures: set[float] = set()
+        trajectories = await self._play(prompt, engine, temperatures)
+        return trajectories, next(iter(temperatures)) if len(temperatures) == 1 else None
+
+    def sequences(self, out: Any) -> list[Returned]:
+        if hasattr(out, "items"):  # one trajectory (or a batch) as a dict
+            out = [out]
+        if not isinstance(out, (list, tuple)):
+            raise SampleError(
+                f"collect_trajectory must return a list of trajectory dicts, got "
+                f"{type(out).__name__}"
             )
-            start_version = engine.version
-            temperatures: set[float] = set()
+        seqs: list[Returned] = []
+        for i, traj in enumerate(out):
             try:
-                trajectories = await self._play(prompt, engine, temperatures)
-            except Exception as exc:  # the agent's bug must not kill training
-                ep.error = f"{type(exc).__name__}: {exc}"
-                log.warning("queue agent episode %s failed: %s", ep.session_id, ep.error)
-                return ep
-            finally:
-                ep.num_completions = engine.num_requests
-                await engine.close_episode()
-            try:
-                samples, raws = self._samples(trajectories, temperatures, start_version)
+                seqs += [check_sequence(seq) for seq in split_sequences(traj)]
             except SampleError as exc:
-                ep.error = f"malformed trajectory: {exc}"
-                log.warning("queue agent episode %s: %s", ep.session_id, ep.error)
-                return ep
-            for s in samples:
-                s["session_id"] = ep.session_id
-            ep.samples, ep.raw = samples, raws
-            if samples:
-                ep.reward = sum(s["returns"] for s in samples) / len(samples)
-            return ep
+                raise SampleError(f"trajectory {i}: {exc}") from None
+        return seqs
 
     async def _play(
         self, prompt: dict[str, Any], engine: RolloutEngine, temperatures: set[float]
@@ -205,37 +198,6 @@ class QueueAgentRunner(EpisodeRunner):
         await act_queue.put(
             BundledGenerationOutputs.from_responses(qid, token_ids, list(responses))
         )
-
-    @staticmethod
-    def _samples(
-        trajectories: Any, temperatures: set[float], start_version: int
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        if hasattr(trajectories, "items"):  # one trajectory (or a batch) as a dict
-            trajectories = [trajectories]
-        if not isinstance(trajectories, (list, tuple)):
-            raise SampleError(
-                f"collect_trajectory must return a list of trajectory dicts, got "
-                f"{type(trajectories).__name__}"
-            )
-        samples: list[dict[str, Any]] = []
-        raws: list[dict[str, Any]] = []
-        for i, traj in enumerate(trajectories):
-            try:
-                seqs = split_sequences(traj)
-                for seq in seqs:
-                    if "temperature" not in seq and len(temperatures) > 1:
-                        raise SampleError(
-                            f"the episode sampled at several temperatures {sorted(temperatures)}; "
-                            "give each trajectory its 'temperature'"
-                        )
-                    temp = next(iter(temperatures)) if temperatures else 1.0
-                    samples.append(
-                        sequence_to_sample(seq, temperature=temp, fallback_version=start_version)
-                    )
-                    raws.append(seq)
-            except SampleError as exc:
-                raise SampleError(f"trajectory {i}: {exc}") from None
-        return samples, raws
 
 
 def _parse_observation(item: Any) -> tuple[str, list[int], GenerationHyperparameters]:
