@@ -131,7 +131,7 @@ def test_decoupled_loss_clips_to_the_proximal_policy_and_caps_the_behaviour_weig
 
 # ---- end to end ----------------------------------------------------------------------
 def _train(tmp_path: Path, model: Path, max_staleness: int, steps: int = 4) -> list[dict]:
-    from trainer import Trainer
+    from trainer.api import Trainer
 
     config = {
         "run_dir": str(tmp_path / f"run{max_staleness}"),

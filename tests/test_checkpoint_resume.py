@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
-from trainer import Trainer
+from trainer.api import Trainer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gateway.inference.model_source import load_causal_lm, resolve_model_dir
-from trainer import Trainer
+from trainer.api import Trainer
 
 pytestmark = pytest.mark.slow
 

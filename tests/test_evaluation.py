@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
-from trainer import Trainer
+from trainer.api import Trainer
 from trainer.api.config import ConfigError, EvalConfig, load_config
 from trainer.evaluation import held_out_rows, mean_interval, summarise, wilson_interval
 

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from trainer import Trainer
+from trainer.api import Trainer
 
 pytestmark = pytest.mark.slow
 

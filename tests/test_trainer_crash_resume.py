@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
-from trainer import Trainer
+from trainer.api import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ RUN = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from trainer_helpers import RandomRewardAgent, rows
-from trainer import Trainer
+from trainer.api import Trainer
 Trainer(json.loads(sys.argv[2])).train(workflow=RandomRewardAgent, dataset=rows(5))
 """
 STEPS = 5

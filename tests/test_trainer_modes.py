@@ -17,7 +17,7 @@ import pytest
 import torch
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
-from trainer import Trainer
+from trainer.api import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 

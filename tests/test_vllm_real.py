@@ -350,7 +350,7 @@ def test_the_same_gateway_behaviour_on_both_engines(either_gateway):
 def test_training_pushes_two_versions_to_vllm_and_outputs_change(vllm, tmp_path):
     from trainer_helpers import RandomRewardAgent, rows
 
-    from trainer import Trainer
+    from trainer.api import Trainer
 
     probe = [1, 504, 3067, 28, 17, 1045, 30]
     before = vllm.generate(probe, max_tokens=6, temperature=0, ignore_eos=True)
