@@ -553,3 +553,31 @@ def test_remax_yaml_loads() -> None:
     assert cfg.train.step_method == "train_reinforce"
     assert cfg.total_steps <= 10
     assert "gconfig" in cfg.workflow_kwargs
+
+
+async def test_twins_each_go_to_the_sequence_they_fit(store) -> None:
+    """Two answers with the same tokens; a second turn continues one of them. The
+    single-turn sequence ends on the twin without a child, so neither is lost."""
+
+    class Twins(RolloutWorkflow):
+        async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+            for _ in range(2):
+                await engine.agenerate(LLMRequest(input_ids=PROMPT))
+            ids = PROMPT + REPLY + [9]
+            second = await engine.agenerate(LLMRequest(input_ids=ids))
+            n = len(second.output_tokens)
+            return {
+                "input_ids": two(PROMPT + REPLY + [0] * (1 + n), ids + second.output_tokens),
+                "loss_mask": two(
+                    [0, 0, 1, 1, 1, 1] + [0] * (1 + n), [0, 0, 1, 1, 1, 1, 0] + [1] * n
+                ),
+                "attention_mask": two([1] * 6 + [0] * (1 + n), [1] * (7 + n)),
+                "rewards": torch.tensor([1.0, 0.5]),
+            }
+
+    ep = await run_one(Twins(), store, export_style="concat")
+    assert ep.error is None, ep.error
+    first, twin, second = store.repo.completions(ep.session_id)
+    assert second["parent_id"] == first["id"]
+    assert (first["reward"], twin["reward"], second["reward"]) == (None, 1.0, 0.5)
+    assert [s["completion_ids"] for s in ep.samples] == [[twin["id"]], [first["id"], second["id"]]]

@@ -188,12 +188,14 @@ def trained_chain(
     seq: Returned,
     by_start: dict[int, list[Completion]],
     leaves: set[str],
+    parents: set[str],
     temperature: float | None,
 ) -> list[Completion]:
     """The generations `seq` trains, first to last. Where several recorded generations
     hold the same tokens (n samples that answered alike), the chain follows the store's
-    parent links, then a leaf no other sequence ended with, then the sampling temperature
-    and logprobs the sequence gave; a sampled one before a greedy one."""
+    parent links; it ends on a generation without children that no other sequence ended
+    with; then the sampling temperature and logprobs the sequence gave decide, and a
+    sampled one goes before a greedy one."""
     temperature = seq.temperature if seq.temperature is not None else temperature
     chain: list[Completion] = []
     child: Completion | None = None
@@ -203,6 +205,7 @@ def trained_chain(
         def rank(c: Completion, child: Completion | None = child, lps: Any = lps) -> tuple:
             return (
                 child is not None and child["parent_id"] != c["id"],
+                child is None and c["id"] in parents,
                 child is None and c["id"] in leaves,
                 temperature is not None and sampling_temperature(c) != temperature,
                 lps is not None and not _close(lps[: len(c["output_ids"])], c["output_logprobs"]),
@@ -234,13 +237,14 @@ def settle(
     for c in completions:
         if c["output_ids"]:
             by_start.setdefault(len(c["prompt_ids"]), []).append(c)
+    parents = {c["parent_id"] for c in completions if c["parent_id"]}
     rewards: dict[str, float] = {}
     used: set[str] = set()
     chains = []
     ended_by: dict[str, int] = {}
     for i, seq in enumerate(seqs):
         try:
-            chain = trained_chain(seq, by_start, set(ended_by), temperature)
+            chain = trained_chain(seq, by_start, set(ended_by), parents, temperature)
         except SampleError as exc:
             raise SampleError(f"sequence {i}: {exc}" if len(seqs) > 1 else str(exc)) from None
         leaf = chain[-1]["id"]
