@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.api import register_advantage, register_loss
-from trainer.api.config import TrainConfig
+from trainer.api import TrainConfig, register_advantage, register_loss
 
 CALLS: list[int] = []  # the trained tokens of every micro-batch the loss saw
 
