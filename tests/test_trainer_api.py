@@ -131,3 +131,12 @@ def test_an_agent_file_that_registers_an_environment_does_not_load_torch() -> No
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+def test_a_removed_key_says_what_became_of_it() -> None:
+    from trainer.api import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="log_every was removed: nothing read it"):
+        load_config(None, ["log_every=5"])
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['nope'\] in train"):
+        load_config(None, ["train.nope=1"])

@@ -292,11 +292,18 @@ class ConfigError(ValueError):
     pass
 
 
+# keys that configs may still carry, and what became of them
+REMOVED_KEYS = {"log_every": "was removed: nothing read it (progress shows every step); delete it"}
+
+
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(known))
+    for key in unknown:
+        if (path := f"{where}.{key}".strip(".")) in REMOVED_KEYS:
+            raise ConfigError(f"{path} {REMOVED_KEYS[path]}")
     if unknown:
         raise ConfigError(
             f"unknown key(s) {unknown} in {where or 'config'}; known: {sorted(known)}"
