@@ -4,6 +4,7 @@ and write the table docs/demo-run.md leads with.
     python -m bench.learning --seeds 1 2 3 4 5                  # both cores, torch's threads
     python -m bench.learning --seeds 6 7 --threads 1 --parallel 2   # one core each, side by side
     python -m bench.learning --seeds 8 9 10 --threads 1 --slow 38   # one core held to 38%
+    python -m bench.learning --seeds 11 --slow 65 --core 1 --tag -v2  # beside another run
 
 Each run is the demo's own command (`turnstile train --config agents/math_multi_turn.yaml`)
 with `seed=N` and its own run folder under `--out`. Results are appended to
@@ -33,7 +34,7 @@ PROBE = re.compile(r"machine probe: ([0-9.]+) s")
 
 def run_one(args: argparse.Namespace, seed: int, slot: int) -> dict[str, Any]:
     """One demo run; its row of the table."""
-    tag = f"seed{seed}-t{args.threads}" + (f"-slow{args.slow}" if args.slow else "")
+    tag = f"seed{seed}-t{args.threads}" + (f"-slow{args.slow}" if args.slow else "") + args.tag
     run_dir = Path(args.out) / tag
     command = [
         str(ROOT / ".venv/bin/turnstile"), "train", "--config", args.config,
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads per run (OMP_NUM_THREADS)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once, each pinned to a core")
     p.add_argument("--slow", type=int, default=0, help="bench/slow_machine.sh --share PCT")
+    p.add_argument("--core", type=int, default=0, help="the first core runs are pinned to")
+    p.add_argument("--tag", default="", help="a suffix for the run folders (e.g. -v2)")
     p.add_argument("--config", default="agents/math_multi_turn.yaml")
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--min-median-gain", type=float, default=0.2)
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, end="", flush=True)
     width = max(1, args.parallel)
     with ThreadPoolExecutor(width) as pool:
-        list(pool.map(lambda i_s: run_one(args, i_s[1], i_s[0] % width), enumerate(args.seeds)))
+        list(pool.map(lambda i_s: run_one(args, i_s[1], args.core + i_s[0] % width), enumerate(args.seeds)))
     ok, verdict = write_table(Path(args.out), args.min_median_gain)
     print(verdict)
     return 0 if ok else 1

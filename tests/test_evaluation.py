@@ -169,6 +169,18 @@ def test_time_budget_stops_in_time_for_the_final_evaluation(tmp_path, tiny_model
     assert result.reward_curve.exists()
 
 
+def test_min_steps_holds_the_time_budget_off_until_reached(tmp_path, tiny_model) -> None:
+    """A slow machine runs min_steps steps even when the budget is spent from the start,
+    and stops right after them."""
+    cfg = _config(tmp_path / "run", tiny_model, total_steps=50, time_budget_s=1.0)
+    cfg["eval"]["every"] = 0
+    cfg["min_steps"] = 3
+    result = Trainer(cfg).train(workflow=RandomRewardAgent, dataset=rows(8))
+    assert result.stopped_early
+    assert len(result.metrics.read_text().splitlines()) == 3
+    assert [e["step"] for e in result.evals] == [0, 3]
+
+
 def test_turnstile_eval_cli_scores_a_checkpoint(tmp_path, tiny_model) -> None:
     cfg = _config(tmp_path / "run", tiny_model)
     cfg["workflow"] = "trainer_helpers.RandomRewardAgent"

@@ -403,7 +403,7 @@ class Trainer:
             watch = CollapseWatch()
             try:
                 for step in range(start_step, cfg.total_steps):
-                    if self._over_budget(started, step_times, evaluator):
+                    if step >= cfg.min_steps and self._over_budget(started, step_times, evaluator):
                         self._stopped_early = True
                         tqdm.write(
                             f"time budget ({cfg.time_budget_s:.0f} s) reached: stopping "
@@ -495,6 +495,10 @@ class Trainer:
         )
         if cfg.time_budget_s and total > cfg.time_budget_s:
             line += f"; the {cfg.time_budget_s / 60:.0f} min budget will end it sooner"
+            floor = min(cfg.min_steps, steps)
+            floor_s = est.total_s(floor, (1 + int(cfg.eval.before)) if evaluating else 0)
+            if floor_s > cfg.time_budget_s:
+                line += f", but not before {floor} steps (min_steps): about {floor_s / 60:.0f} min"
         print(line, flush=True)
 
     def _over_budget(self, started: float, step_times: list[float], evaluator: Any) -> bool:

@@ -239,6 +239,12 @@ class TrainerConfig:
         "stop training when the next step (and the final evaluation) would not fit in this "
         "many seconds of wall-clock; 0: no budget",
     )
+    min_steps: int = setting(
+        0,
+        "the time budget never ends training before this many steps: a slow machine runs "
+        "longer instead of stopping while a few noisy steps have moved its policy at random "
+        "(docs/demo-run.md: runs of 6-7 steps left held-out accuracy to chance); 0: no floor",
+    )
     time_estimate: dict[str, float] = setting(
         {},
         "{probe_s, step_s, eval_s} measured on a reference machine, seconds: with them the "
