@@ -25,13 +25,14 @@ import hmac
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.auth_limits import AuthLimiter
 from gateway.errors import APIError
+from gateway.frozen import freeze
 from gateway.lru import LRU
 from gateway.store.repository import Repository, SessionInfo
 
@@ -122,9 +123,7 @@ class KeyRing:
         if hit is not None and now - hit[0] < self.max_age_s:
             return hit[1]
         info = await asyncio.to_thread(self.repo.session_by_key_hash, hash_key(key))
-        if info is not None:
-            self._put(key, info, now)
-        return info
+        return self._put(key, info, now) if info is not None else None
 
     async def poll_ended(self) -> None:
         """Every `end_poll_s`, forget the sessions that ended lately (until cancelled)."""
@@ -156,9 +155,15 @@ class KeyRing:
     def remember(self, key: str, info: SessionInfo) -> None:
         self._put(key, info, time.monotonic())
 
-    def _put(self, key: str, info: SessionInfo, now: float) -> None:
+    def _put(self, key: str, info: SessionInfo, now: float) -> SessionInfo:
+        """Keep `info` for `key`; returns the kept copy, frozen: every request of the
+        session is handed the same one, so none can change what the next one sees."""
+        info = replace(
+            info, meta=freeze(info.meta), sampling=freeze(info.sampling), quotas=freeze(info.quotas)
+        )
         self._cache.put(key, (now, info))
         self._keys.put(info.id, key)
+        return info
 
     async def resolve(
         self, request: Request, *, allow_admin: bool, allow_ended: bool = False

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gateway.frozen import freeze, is_frozen
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -76,8 +78,10 @@ class HistoryMemo(Generic[V]):
 
     An LRU keyed by the first message object's id, holding the messages themselves as a
     tuple: their ids cannot be another object's while the entry lives, and a caller's
-    list grown or changed in place is not mistaken for it. Safe because neither side
-    changes a message once it is in a history."""
+    list grown or changed in place is not mistaken for it. That the same objects mean
+    the same messages is enforced, not promised: only a history of frozen messages
+    (gateway/frozen.py) is kept, and the value kept is frozen too, so neither side can
+    change what the other relies on."""
 
     def __init__(self, histories: int) -> None:
         self.histories: LRU[int, tuple[tuple[Any, ...], V]] = LRU(max(1, histories))
@@ -95,6 +99,11 @@ class HistoryMemo(Generic[V]):
             return None
         return len(seen), value
 
-    def put(self, messages: Sequence[Any], value: V) -> None:
-        if messages:
-            self.histories.put(id(messages[0]), (tuple(messages), value))
+    def put(self, messages: Sequence[Any], value: V) -> V:
+        """Keep `value` for `messages` if they are frozen; returns it frozen (the
+        caller hands on that one, which a later `get` returns), or as it is if not kept."""
+        if not messages or not all(map(is_frozen, messages)):
+            return value
+        value = freeze(value)
+        self.histories.put(id(messages[0]), (tuple(messages), value))
+        return value

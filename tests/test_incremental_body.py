@@ -263,3 +263,39 @@ def test_small_bodies_are_parsed_whole_and_keep_nothing() -> None:
 def test_common_prefix(a: bytes, b: bytes) -> None:
     n = common_prefix(a, b)
     assert a[:n] == b[:n] and (n == min(len(a), len(b)) or a[n] != b[n])
+
+
+def test_a_kept_history_cannot_be_changed_by_whoever_handles_the_request() -> None:
+    """The next body is built on this one's message objects, so a handler that changes
+    its request's history in place (a message, a nested list, the list itself) is
+    refused; one that gives its request a new list changes nothing kept. The next body
+    still parses as the whole body would, on the kept messages."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    first_raw = json.dumps({"model": "m", "messages": history}).encode()
+    second_raw = json.dumps(
+        {
+            "model": "m",
+            "messages": [*history, {"role": "tool", "content": "r", "tool_call_id": "c1"}],
+        }
+    ).encode()
+    for min_bytes in (0, 10**6):  # kept and parsed on, or parsed whole: frozen alike
+        bodies = IncrementalBodies(16, 2**24, min_bytes=min_bytes)
+        first = _check(bodies, ChatCompletionRequest, first_raw, "s")
+        for change in (
+            lambda h: h.append({"role": "user", "content": "more"}),
+            lambda h: h.pop(),
+            lambda h: h[0].__setitem__("role", "system"),
+            lambda h: h[0]["content"][0].update(text="changed"),
+            lambda h: h[1]["tool_calls"][0]["function"].pop("name"),
+            lambda h: h[1]["tool_calls"].clear(),
+        ):
+            with pytest.raises(TypeError):
+                change(first.messages)
+        first.messages = [{"role": "user", "content": "replaced"}]  # its own list now
+        second = _check(bodies, ChatCompletionRequest, second_raw, "s")
+        assert second.messages[:2] == history
+        assert bodies.reused == (1 if min_bytes == 0 else 0)

@@ -9,12 +9,14 @@ whose client sends the answers back as they were given.
 from __future__ import annotations
 
 import orjson
+import pytest
 from gateway_helpers import completion_record, http_client, openai_client
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gateway import json_codec
 from gateway.chat.template import ChatRenderer
+from gateway.frozen import FrozenList, freeze
 from gateway.token_ids import TokenIds, json_object_with_ids
 
 TEXT = st.text(
@@ -151,30 +153,46 @@ def test_interned_ids_keep_their_values_and_odd_ones_stay(tokenizer) -> None:
 
 
 def test_normalised_messages_are_kept_per_history_and_bounded() -> None:
-    """A history repeated by the next body (the same message objects) is normalised once;
-    an edited message is a new object with its own form; the memo stays within bound."""
+    """A history repeated by the next body (the same frozen message objects) is
+    normalised once; an edited message is a new object with its own form; the memo stays
+    within bound. Only a frozen history is kept, and what is kept is frozen: neither the
+    caller nor the memo can change what the other relies on."""
     from gateway.chat.template import NormalizedMessages, normalize_message
     from gateway.chat.template_traits import TemplateTraits
 
     traits = TemplateTraits(False, True, True, True, False)
     memo = NormalizedMessages(traits, histories=8)
-    history = [{"role": "user", "content": f"q{i}"} for i in range(3)]
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    history.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    plain = [{"role": "user", "content": f"q{i}"} for i in range(3)]
+    plain.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert memo(plain) == [normalize_message(m, traits) for m in plain]
+    assert len(memo.memo.histories) == 0  # not frozen: its messages may change, not kept
+    history = freeze(plain)  # as gateway/entrypoints/incremental_body.py hands them on
     first = memo(history)
     assert first == [normalize_message(m, traits) for m in history]
-    grown = [*history, {"role": "tool", "content": "r", "tool_call_id": "c"}]
+    grown = FrozenList([*history, freeze({"role": "tool", "content": "r", "tool_call_id": "c"})])
     second = memo(grown)
     assert all(a is b for a, b in zip(first, second, strict=False))  # not normalised again
     assert second[-1] == normalize_message(grown[-1], traits)
-    edited = [{**history[0], "content": "changed"}, *history[1:]]
+    # what a caller could change, it cannot: the messages it sent, the forms it got
+    for change in (
+        lambda: history[3]["tool_calls"][0]["function"].update(name="g"),
+        lambda: history[0].__setitem__("content", "changed in place"),
+        lambda: second[0].__setitem__("content", "changed in place"),
+        lambda: second[3]["tool_calls"].append(call),
+        lambda: second.append({"role": "user", "content": "appended"}),
+    ):
+        with pytest.raises(TypeError):
+            change()
+    assert memo(grown) == [normalize_message(m, traits) for m in plain + [grown[-1]]]
+    edited = FrozenList([freeze({**history[0], "content": "changed"}), *history[1:]])
     assert memo(edited)[0]["content"] == "changed"
     for i in range(40):
-        memo([{"role": "user", "content": str(i)}])
+        memo(freeze([{"role": "user", "content": str(i)}]))
         assert len(memo.memo.histories) <= 8
     assert memo(grown) == [normalize_message(m, traits) for m in grown]
     # a caller's list grown or changed in place is not mistaken for the one seen before
-    grown.append({"role": "user", "content": "appended"})
-    assert memo(grown)[-1]["content"] == "appended"
-    grown[1] = {"role": "user", "content": "replaced"}
-    assert memo(grown) == [normalize_message(m, traits) for m in grown]
+    longer = [*grown, freeze({"role": "user", "content": "appended"})]
+    assert memo(FrozenList(longer))[-1]["content"] == "appended"
+    longer[1] = freeze({"role": "user", "content": "replaced"})
+    assert memo(longer) == [normalize_message(m, traits) for m in longer]

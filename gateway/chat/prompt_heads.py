@@ -32,7 +32,8 @@ class HeadCache:
         alternatives = "|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True))
         self._special = re.compile(alternatives) if alternatives else None
         self.min_chars = min_chars
-        self._ids: LRU[bytes, list[int]] = LRU(size)  # head digest -> the head's ids
+        # head digest -> the head's ids (a tuple: what a caller is given is its own list)
+        self._ids: LRU[bytes, tuple[int, ...]] = LRU(size)
         # heads seen before: True once, False when their ids proved not to split off
         self._seen: LRU[bytes, bool] = LRU(size * 16)
         self.hits = 0
@@ -47,7 +48,7 @@ class HeadCache:
         ids = self._ids.get(key)
         if ids is not None:
             self.hits += 1
-            return ids + self._encode(text[cut:])
+            return [*ids, *self._encode(text[cut:])]
         whole = self._encode(text)
         seen = self._seen.get(key)
         if seen is None:
@@ -55,7 +56,7 @@ class HeadCache:
         elif seen:
             head = self._encode(text[:cut])
             if whole[: len(head)] == head and whole[len(head) :] == self._encode(text[cut:]):
-                self._ids.put(key, head)
+                self._ids.put(key, tuple(head))
                 self._seen.pop(key)
             else:
                 self.refused += 1

@@ -127,8 +127,8 @@ class NormalizedMessages:
     """`normalize_message` of a history's messages, kept per history (`HistoryMemo`): a
     session's next body holds its previous one's very messages, so only its new
     messages are normalised, not a 64-turn history on every turn (~0.1 ms a turn at 128
-    messages). A normalised message is only read (templates render in a sandbox that
-    cannot change a dict; `inline_tools` and the harmony renderer copy what they change).
+    messages). The normalised messages of a kept history are frozen (gateway/frozen.py):
+    `inline_tools` and the harmony renderer copy what they change.
     `shape`: the model family's quirk, applied to each normalised message (families/)."""
 
     def __init__(
@@ -149,9 +149,7 @@ class NormalizedMessages:
         if not messages:
             return []
         n, done = self.memo.get(messages) or (0, [])
-        out = done + [self.one(m) for m in messages[n:]]
-        self.memo.put(messages, out)
-        return out
+        return self.memo.put(messages, done + [self.one(m) for m in messages[n:]])
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ the session's previous bodies as bytes (in C), and when it is one of them with e
 inserted just before its history's closing `]`, only the new elements are parsed and
 hashed. The result is the request the whole body parses to, its earlier messages the very
 objects of the earlier request's (which the stored delta and the parent link then see
-at a glance), and the same SHA-256 of the whole body.
+at a glance), and the same SHA-256 of the whole body. Every history is frozen
+(gateway/frozen.py): shared from one request to the next, none of it can be changed.
 
 Why that is the same parse. A kept body is trusted only once it is proven that its
 history array opens at `start` and closes at `end`, and that this array is the value
@@ -35,6 +36,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from gateway.frozen import FrozenList, freeze
 from gateway.lru import LRU
 from gateway.serving.turn import body_digest, body_hasher, request_hash
 
@@ -47,7 +49,7 @@ class _Prior:
     """A body of the session, and what is known of where its history lies."""
 
     body: bytes
-    items: list[Any]  # the history as the request holds it
+    items: FrozenList  # the history as the request holds it
     start: int = -1  # its `[` (-1: not yet proven; -2: cannot be)
     end: int = -1  # its `]`
     state: Any = None  # SHA-256 of body[:end]
@@ -75,8 +77,12 @@ class IncrementalBodies:
     ) -> tuple[Any, str]:
         """(the validated request, `request_hash(raw)`); raises what `model_validate_json`
         raises for a bad body."""
-        if history is None or len(raw) < self.min_bytes:
+        if history is None:
             return model.model_validate_json(raw), request_hash(raw)
+        if len(raw) < self.min_bytes:
+            request = model.model_validate_json(raw)
+            freeze_history(request, history)
+            return request, request_hash(raw)
         key = (session_id, model)
         priors = self._priors.get(key) or []
         for i, prior in enumerate(priors):
@@ -89,7 +95,7 @@ class IncrementalBodies:
                 return request, digest
         request = model.model_validate_json(raw)
         self.whole += 1
-        items = getattr(request, history)
+        items = freeze_history(request, history)
         if isinstance(items, list) and items:
             self._keep(key, [_Prior(raw, items), *priors])
         return request, request_hash(raw)
@@ -128,13 +134,23 @@ class IncrementalBodies:
         new = getattr(request, history)
         if not isinstance(new, list) or not new or len(new) != len(values):
             return None
-        items = prior.items + new
+        items = FrozenList([*prior.items, *map(freeze, new)])
         setattr(request, history, items)
         h = prior.state.copy()
         h.update(memoryview(raw)[end:new_end])
         state = h.copy()
         h.update(memoryview(raw)[new_end:])
         return request, body_digest(h), _Prior(raw, items, start, new_end, state)
+
+
+def freeze_history(request: BaseModel, history: str) -> Any:
+    """Freeze the request's history (a list; not a string) in place: its messages are
+    shared with the session's next request and the memos built on them (gateway/frozen.py)."""
+    items = getattr(request, history)
+    if isinstance(items, list):
+        items = freeze(items)
+        setattr(request, history, items)
+    return items
 
 
 def inserted_at(old: bytes, new: bytes, end: int) -> bool:

@@ -34,6 +34,7 @@ from gateway.entrypoints.anthropic.messages.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
+from gateway.frozen import freeze
 from gateway.lru import LRU, HistoryMemo
 from gateway.serving.core import ServingCore
 from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
@@ -122,7 +123,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         await self.core.signing.refresh(p_.thinking_key_ids(req, start))
         own_thinking = partial(self.core.signing.verify, p_.THINKING, session_id)
         messages = p_.to_chat(req, known.get, own_thinking, start, head)
-        self._chats.put(req.messages, (req.system, messages))
+        _, messages = self._chats.put(req.messages, (req.system, messages))  # frozen
         return messages, p_.chat_tools(req.tools), p_.chat_tool_choice(req.tool_choice)
 
     async def prepare(
@@ -189,7 +190,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
                 if row is None or row["endpoint"] != self.endpoint:
                     continue
                 arguments = (row["response"] or {}).get("tool_arguments") or {}
-                self._arguments.put((session_id, message_id), arguments)
+                self._arguments.put((session_id, message_id), freeze(arguments))
             found.update(arguments)
         restored = sum(1 for t in tool_ids if t in found)
         if restored:
@@ -236,7 +237,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             message["reasoning_content"] = parser.reasoning
         if calls:  # (their ids are the writer's toolu_ ones by now)
             message["tool_calls"] = [c.to_openai() for c in calls]
-            self._arguments.put((turn.session_id, turn.ids[0]), dict(writer.tool_arguments))
+            self._arguments.put((turn.session_id, turn.ids[0]), freeze(writer.tool_arguments))
         if not turn.side_request:
             self._main_model.put(turn.session_id, p.req.model)
         answer_hash = turn.answer_hash(message)

@@ -1,0 +1,72 @@
+"""JSON values that cannot be changed: what the gateway's memos keep and share.
+
+A session's next body holds its previous one's very message objects
+(entrypoints/incremental_body.py), and the memos built on them (lru.HistoryMemo: the
+template's normalised messages, the Anthropic chat form) hand the same objects out turn
+after turn: that is what makes a 64-turn history cost only its new messages. It is safe
+only if nobody changes such an object once it is in a history, so they are frozen: a
+`FrozenDict` or `FrozenList` is a `dict` or `list` (JSON encoders, templates and
+`isinstance` checks take it as one) whose mutating methods raise. Code that needs a
+changed message copies it (`dict(m)`, `{**m, ...}`, `list(x)`: plain, mutable copies).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+
+def _refuse(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+    raise TypeError(f"a {type(self).__name__} is shared by memos and cannot be changed; copy it")
+
+
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A dict whose contents cannot change (see the module docstring)."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:  # copy, deepcopy, pickle
+        return type(self), (dict(self),)
+
+
+class FrozenList(list):  # type: ignore[type-arg]
+    """A list whose contents cannot change (see the module docstring)."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[list[Any]]]:
+        return type(self), (list(self),)
+
+
+# kept as they are by `freeze`: scalars, and what it froze already
+_KEEP = frozenset({str, int, float, bool, bytes, type(None), FrozenDict, FrozenList})
+
+
+def freeze(value: Any) -> Any:
+    """`value` (JSON: dicts, lists, tuples, scalars) with every dict and list frozen;
+    what is frozen already is returned as it is, so re-freezing a history costs only
+    its new parts. Anything else is a TypeError: a memo keeps JSON values only."""
+    kind = type(value)
+    if kind in _KEEP:
+        return value
+    if kind is dict:
+        out = FrozenDict(value)
+        for key, item in value.items():
+            if type(item) not in _KEEP:
+                dict.__setitem__(out, key, freeze(item))
+        return out
+    if kind is list:
+        return FrozenList([v if type(v) in _KEEP else freeze(v) for v in value])
+    if kind is tuple:
+        return tuple(v if type(v) in _KEEP else freeze(v) for v in value)
+    if isinstance(value, (str, int, float, bytes)):  # a subclass (a str enum)
+        return value
+    raise TypeError(f"cannot freeze a {kind.__name__}: memos keep JSON values only")
+
+
+def is_frozen(value: Any) -> bool:
+    """Is `value` frozen (a scalar, or a container `freeze` made)? Shallow."""
+    return type(value) in _KEEP
