@@ -43,6 +43,7 @@ from trainer.malloc import limit_arenas, release_free_memory
 from trainer.rollout.agent_runner import Episode
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
+from trainer.rollout.gateways import RemoteGateways
 from trainer.run_log import RunLog, mean
 from trainer.trackers import make_trackers
 
@@ -79,6 +80,8 @@ class Trainer:
             config = _build(TrainerConfig, config, "")
         self.config: TrainerConfig = config or TrainerConfig()
         self.gateway: Any = None  # gateway.server.BackgroundGateway on rank 0
+        # gateway.urls: replicas the trainer did not start (trainer/rollout/gateways.py)
+        self.remote: RemoteGateways | None = None
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
         self._stopped_early = False
@@ -119,9 +122,11 @@ class Trainer:
         from gateway.inference.model_source import resolve_model_dir
 
         torch.manual_seed(cfg.seed)
-        model_dir = resolve_model_dir(cfg.model)
+        model_dir = self._model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
-        if main:
+        if cfg.gateway.urls:
+            self.remote = self._remote_gateways(kind)
+        elif main:
             self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
             print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
         runlog: RunLog | None = None
@@ -147,13 +152,15 @@ class Trainer:
             else:
                 self._follower_loop()
             # rank 0 writes the folder, with the tokenizer the gateway already loaded
-            tokenizer = self.gateway.state.renderer.tokenizer if main else None
+            tokenizer = self._tokenizer(model_dir) if main else None
             checkpoint = self.policy.save_hf(run_dir / "checkpoint", tokenizer)
         finally:
             if runlog is not None:
                 runlog.close()
             if self.gateway is not None:
                 self.gateway.stop()
+            if self.remote is not None:
+                self.remote.close()
         distributed.barrier()
         if not main:
             return TrainResult(
@@ -278,6 +285,37 @@ class Trainer:
         if self.config.gateway.admin_key is None:
             url += f"?key={admin_key}"
         return url
+
+    def _remote_gateways(self, kind: str) -> RemoteGateways:
+        """`gateway.urls`: gateways already running (replicas of one store); rank 0
+        checks each answers its admin key before any model loads."""
+        if kind != "agent":
+            raise WorkflowError(
+                "gateway.urls serves agents over HTTP (`async def run(data, **extra_kwargs)`);"
+                " token-level workflows and queue agents need the gateway the trainer starts"
+            )
+        remote = RemoteGateways(self.config.gateway.urls, self.config.gateway.admin_key)
+        if distributed.is_main():
+            versions = remote.check()
+            print(f"gateways: {', '.join(remote.urls)} (policy versions {versions})", flush=True)
+        return remote
+
+    def _gateway_admins(self, admin_key: str, http: httpx.AsyncClient) -> list[tuple[Any, str]]:
+        """(admin client, base URL) of each gateway the agents use: the trainer's own, or
+        every one of `gateway.urls`."""
+        from trainer.rollout.gateway_admin import GatewayAdmin
+
+        if self.remote is not None:
+            return self.remote.admins(http)
+        return [(GatewayAdmin(self.gateway.url, admin_key, http), self.gateway.url)]
+
+    def _tokenizer(self, model_dir: Path) -> Any:
+        """The tokenizer saved with checkpoints: the one the gateway loaded, else the model's."""
+        if self.gateway is not None:
+            return self.gateway.state.renderer.tokenizer
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_dir)
 
     def _start_gateway(
         self, model_dir: Path, database: Path, admin_key: str, run_dir: Path | None = None
@@ -459,7 +497,7 @@ class Trainer:
             log.warning("best checkpoint not kept: ZeRO-3 gathers weights on every rank")
         elif result["step"] > 0:
             folder = Path(self.config.run_dir) / "checkpoint-best"
-            self.policy.save_hf(folder, self.gateway.state.renderer.tokenizer)
+            self.policy.save_hf(folder, self._tokenizer(self._model_dir))
             (folder / "best.json").write_text(json.dumps(result, indent=2))
         self._best = (result, folder)
 
@@ -517,16 +555,16 @@ class Trainer:
             return None
         from trainer.evaluation import Evaluator
         from trainer.rollout.agent_runner import AgentRunner
-        from trainer.rollout.gateway_admin import GatewayAdmin
 
         cfg = self.config
         if cfg.eval.workflow_kwargs:
             agent = make_workflow(type(agent), {**cfg.workflow_kwargs, **cfg.eval.workflow_kwargs})
+        gateways = self._gateway_admins(admin_key, http)
         runner = AgentRunner(
-            GatewayAdmin(self.gateway.url, admin_key, http),
-            self.gateway.url,
+            *gateways[0],
             agent,
             http,
+            gateways=gateways,
             max_concurrent=cfg.rollout.max_concurrent,
             **self._agent_placement(),
             session_metadata={"eval": True},
@@ -550,13 +588,13 @@ class Trainer:
         cfg = self.config
         if kind == "agent":
             from trainer.rollout.agent_runner import AgentRunner
-            from trainer.rollout.gateway_admin import GatewayAdmin
 
+            gateways = self._gateway_admins(admin_key, http)
             return AgentRunner(
-                GatewayAdmin(self.gateway.url, admin_key, http),
-                self.gateway.url,
+                *gateways[0],
                 agent,
                 http,
+                gateways=gateways,
                 export_style=cfg.rollout.agent.export_style,
                 turn_discount=cfg.rollout.agent.turn_discount,
                 max_concurrent=cfg.rollout.max_concurrent,
@@ -622,11 +660,14 @@ class Trainer:
         from gateway.inference.base import WeightUpdate
         from gateway.inference.registry import engine_spec
 
-        if engine_spec(self.config.gateway.engine).weights == "memory":
+        if self.remote is not None or engine_spec(self.config.gateway.engine).weights == "memory":
             update = WeightUpdate(version, state_dict=self.policy.full_state_dict())
         else:
             path = Path(self.config.run_dir) / "weights" / f"v{version}"
             update = WeightUpdate(version, path=str(self.policy.save_hf(path)))
+        if self.remote is not None and distributed.is_main():
+            assert update.state_dict is not None
+            self.remote.push(version, update.state_dict)  # every replica's engines, no disk
         if self.gateway is not None:
             self.gateway.call(self.gateway.engine.update_weights(update))
             if update.path is not None:

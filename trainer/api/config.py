@@ -14,6 +14,19 @@ from gateway.config import GatewayConfig, setting
 
 
 @dataclass
+class TrainerGatewayConfig(GatewayConfig):
+    """The trainer's `gateway:` section: the settings of the gateway it starts, or
+    (`urls`) the gateways it did not start (trainer/rollout/gateways.py)."""
+
+    urls: list[str] = setting(
+        [],
+        "gateways the trainer does not start (`turnstile serve` replicas on one store, "
+        "their /v1 URLs): each session sticks to one, every one gets the new weights "
+        "(pushed without disk); `admin_key` is theirs. Empty: the trainer starts its own",
+    )
+
+
+@dataclass
 class AgentConfig:
     """How `run(data, **extra_kwargs)` agents are run and their sessions turned into samples."""
 
@@ -250,8 +263,8 @@ class TrainerConfig:
         "{probe_s, step_s, eval_s} measured on a reference machine, seconds: with them the "
         "run times a short forward+backward here and prints how long it should take",
     )
-    gateway: GatewayConfig = setting(
-        GatewayConfig,
+    gateway: TrainerGatewayConfig = setting(
+        TrainerGatewayConfig,
         "the gateway the agents talk to (gateway/config.py, the settings of `turnstile "
         "serve`); `model` and `device` are the trainer's own, `database` defaults to "
         "<run_dir>/sessions.db",

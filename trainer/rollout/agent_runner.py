@@ -11,6 +11,7 @@ import asyncio
 import copy
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 from gateway.reward_values import finite_reward
 from trainer.loading import WorkflowError
 from trainer.rollout.gateway_admin import GatewayAdmin, GatewayRequestError
+from trainer.rollout.gateways import GatewayPicker
 from trainer.rollout.subproc import SubprocAgentPool, SubprocWorkerDied, check_picklable
 
 log = logging.getLogger(__name__)
@@ -108,11 +110,14 @@ class AgentRunner(EpisodeRunner):
         export: bool = True,
         max_retries: int = 0,
         ray: dict[str, Any] | None = None,
+        gateways: Sequence[tuple[GatewayAdmin, str]] | None = None,
     ) -> None:
         """`session_metadata` and `sampling` go to every session it opens (an evaluation
         forces greedy sampling); `export=False` skips turning sessions into samples. An
         episode whose worker died runs again in a new session up to `max_retries` times.
-        `ray`: `RayAgentPool`'s arguments (address, num_cpus, resources)."""
+        `ray`: `RayAgentPool`'s arguments (address, num_cpus, resources). `gateways`:
+        several (admin, base URL) replicas of one store; each session sticks to one
+        (trainer/rollout/gateways.py), and its metadata says which."""
         if mode not in ("inline", "subproc", "ray"):
             raise WorkflowError(
                 f"rollout.agent.mode must be 'inline', 'subproc' or 'ray', got {mode!r}"
@@ -134,6 +139,7 @@ class AgentRunner(EpisodeRunner):
             self._pool = RayAgentPool(**(ray or {}))
         self.admin = admin
         self.base_url = base_url
+        self.gateways = GatewayPicker(gateways or [(admin, base_url)])
         self.agent = agent
         self.http_client = http_client
         self.export_style = export_style
@@ -161,19 +167,19 @@ class AgentRunner(EpisodeRunner):
 
     async def _run_once(self, data: dict[str, Any], group: int) -> Episode:
         """One run of the agent in a session of its own; a dead worker ends it unused."""
-        session_id, api_key = await self.admin.create_session(
-            {**self.session_metadata, "group": group}, self.sampling
-        )
+        admin, base_url = self.gateways.pick()
+        metadata = {**self.session_metadata, "group": group}
+        if len(self.gateways.gateways) > 1:
+            metadata["gateway"] = base_url
+        session_id, api_key = await admin.create_session(metadata, self.sampling)
         ep = Episode(group=group, session_id=session_id)
         try:
             if self._pool is not None:  # a worker process; URL and key via its env
-                value = await self._pool.run(
-                    self.agent, data, base_url=self.base_url, api_key=api_key
-                )
+                value = await self._pool.run(self.agent, data, base_url=base_url, api_key=api_key)
             else:
                 value = await self.agent.run(
                     copy.deepcopy(data),
-                    base_url=self.base_url,
+                    base_url=base_url,
                     api_key=api_key,
                     http_client=self.http_client,
                 )
@@ -181,10 +187,10 @@ class AgentRunner(EpisodeRunner):
             ep.error = f"{type(exc).__name__}: {exc}"
             ep.worker_died = isinstance(exc, SubprocWorkerDied)
             log.warning("agent run failed in session %s: %s", session_id, ep.error)
-            await self._end_quietly(session_id)
+            await self._end_quietly(admin, session_id)
             return ep
         try:
-            view = await self.admin.session(session_id)
+            view = await admin.session(session_id)
             completions = view["completions"]
             ep.num_completions = len(completions)
             rewards = rewards_from_return(value, completions)
@@ -192,14 +198,14 @@ class AgentRunner(EpisodeRunner):
                 ep.reward = _finite(value, "reward")
             elif rewards:
                 ep.reward = sum(rewards.values())
-            await self.admin.set_rewards(rewards)
-            await self.admin.end_session(session_id)
+            await admin.set_rewards(rewards)
+            await admin.end_session(session_id)
             if not completions or not self.export:
                 return ep
-            ep.samples = await self.admin.export(session_id, self.export_style, self.turn_discount)
+            ep.samples = await admin.export(session_id, self.export_style, self.turn_discount)
         except RewardShapeError as exc:
             ep.error = str(exc)
-            await self._end_quietly(session_id)
+            await self._end_quietly(admin, session_id)
         except GatewayRequestError as exc:
             if "no_reward" in str(exc):
                 ep.no_reward = True
@@ -212,8 +218,8 @@ class AgentRunner(EpisodeRunner):
         if self._pool is not None:
             await asyncio.to_thread(self._pool.close)
 
-    async def _end_quietly(self, session_id: str) -> None:
+    async def _end_quietly(self, admin: GatewayAdmin, session_id: str) -> None:
         try:
-            await self.admin.end_session(session_id)
+            await admin.end_session(session_id)
         except Exception:  # pragma: no cover - best effort
             log.debug("could not end session %s", session_id, exc_info=True)
