@@ -29,9 +29,33 @@ def setting(default: Any, help: str, *, flag: str | None = None, shown: str | No
     return field(default=default, metadata=meta)
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def reachable_host(host: str) -> str:
+    """The address others reach a gateway bound to `host` at: `host` itself, or for a
+    wildcard bind, the address of the interface the default route leaves through (the
+    host name's address where there is no route)."""
+    if host not in WILDCARD_HOSTS:
+        return host
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # UDP: nothing is sent, the kernel picks a route
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
 @dataclass
 class GatewayConfig:
-    host: str = setting("127.0.0.1", "address to bind (non-loopback needs an admin key)")
+    host: str = setting(
+        "127.0.0.1",
+        "address to bind (non-loopback needs an admin key); agents on other machines "
+        "need this machine's address, or 0.0.0.0 (every interface; its URL then names "
+        "the address of the default route)",
+    )
     port: int = setting(0, "port; 0: any free one (`turnstile serve` defaults to 8000)")
     database: str | None = setting(
         None,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, reachable_host
 from gateway.inference.base import InferenceEngine
 from gateway.state import GatewayState
 
@@ -72,7 +72,7 @@ class BackgroundGateway:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.host}:{self.config.port}/v1"
+        return f"http://{reachable_host(self.config.host)}:{self.config.port}/v1"
 
     @property
     def engine(self) -> InferenceEngine:

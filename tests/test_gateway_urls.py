@@ -132,3 +132,12 @@ def test_token_level_workflows_need_the_trainers_own_gateway(tmp_path, tiny_mode
     }
     with pytest.raises(WorkflowError, match="gateway.urls"):
         Trainer(cfg).train(workflow="agents/remax.py:ReMaxRLVRWorkflow", dataset=rows())
+
+
+def test_a_gateway_bound_to_every_interface_names_a_reachable_address() -> None:
+    """Agents on other nodes get the gateway's URL: never 0.0.0.0."""
+    from gateway.config import reachable_host
+
+    assert reachable_host("10.1.2.3") == "10.1.2.3"
+    for wildcard in ("0.0.0.0", "::"):
+        assert reachable_host(wildcard) not in ("0.0.0.0", "::", "")
