@@ -150,6 +150,11 @@ def test_remax_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
         for c in completions:
             assert c["endpoint"] == "direct" and c["output_ids"]
             assert len(c["output_logprobs"]) == len(c["output_versions"]) == len(c["output_ids"])
+        # the sampled answer carries the reward it was trained with; the greedy baseline
+        # is kept out of training (a side request, no reward)
+        sampled, greedy = sorted(completions, key=lambda c: c["side_request"])
+        assert sampled["request"]["temperature"] > 0 and sampled["reward"] is not None
+        assert greedy["request"]["temperature"] == 0 and greedy["reward"] is None
 
 
 def test_queue_agent_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
@@ -165,6 +170,13 @@ def test_queue_agent_example_runs_from_the_cli(tmp_path, tiny_model) -> None:
     sessions = _recorded(tmp_path / "queue" / "sessions.db")
     assert len(sessions) == 2
     assert sum(len(c) for _, c in sessions) == m["completions"]
+    for _, completions in sessions:
+        # each of the 4 trajectories' reward is on its last turn; a second turn hangs
+        # under the first answer of its own trajectory
+        assert sum(c["reward"] is not None for c in completions) == 4
+        ids = {c["id"] for c in completions}
+        assert all(c["parent_id"] in ids for c in completions if c["parent_id"])
+        assert sum(c["parent_id"] is None for c in completions) == 4
 
 
 def test_training_against_sglang_pushes_each_version_through_disk(tmp_path, tiny_model) -> None:

@@ -1,8 +1,10 @@
 """`RolloutEngine`: token-level generation for workflows, straight from the engine.
 
 Token-level workflows (`RolloutWorkflow.arun_episode`) and queue agents skip the OpenAI
-gateway: they hold token ids already and want the output tokens, behaviour logprobs and
-policy versions back. This wraps any `gateway.inference.base.InferenceEngine`.
+API: they hold token ids already and want the output tokens, behaviour logprobs and
+policy versions back. This wraps any `gateway.inference.base.InferenceEngine`; built
+with `for_gateway`, it also records every generation in the gateway's store, in the
+episode's session, before returning it (their samples come from there).
 
 An engine's `generate` is a coroutine that must run on the engine's home event loop
 (the embedded engine resolves its futures there). In the trainer the engine lives on the
