@@ -4,7 +4,7 @@ and write the table docs/demo-run.md leads with.
     python -m bench.learning --seeds 1 2 3 4 5                  # both cores, torch's threads
     python -m bench.learning --seeds 6 7 --threads 1 --parallel 2   # one core each, side by side
     python -m bench.learning --seeds 8 9 10 --threads 1 --slow 38   # one core held to 38%
-    python -m bench.learning --seeds 11 --slow 65 --core 1 --tag -v2  # beside another run
+    python -m bench.learning --seeds 11 --slow 65 --core 1 --tag=-v2  # beside another run
 
 Each run is the demo's own command (`turnstile train --config agents/math_multi_turn.yaml`)
 with `seed=N` and its own run folder under `--out`. Results are appended to
