@@ -35,6 +35,7 @@ from gateway_helpers import (
 from gateway.config import GatewayConfig
 from gateway.inference.model_source import cache_root, resolve_model_dir
 from gateway.inference.vllm import VLLMEngine
+from gateway.inference.vllm_weights import EXTENSION
 from gateway.server import BackgroundGateway, free_port
 
 pytestmark = pytest.mark.slow
@@ -71,13 +72,15 @@ class VLLMServer:
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
         )
-        env.pop("PYTHONPATH", None)  # vLLM's own packages, not ours
+        # vLLM's own packages, and this checkout only for our worker extension
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         cmd = [
             str(self.python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", "smollm2",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
             "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
+            "--worker-extension-cls", EXTENSION,  # weight pushes (vllm_weights.py)
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(

@@ -15,6 +15,11 @@
 #                               /update_weight_version, /weight_info (weight updates).
 #                               These are unauthenticated admin endpoints: bind the
 #                               servers to a private network only.
+#   --worker-extension-cls gateway.inference.vllm_worker_extension.WeightReceiverExtension
+#                               our methods in each worker (this checkout on PYTHONPATH,
+#                               set below): weight loads from a folder, and the push from
+#                               trainer rank 0 without disk (gloo on CPU, NCCL on GPU;
+#                               docs/scaling.md). Needs only torch on the server side.
 #   --logprobs-mode processed_logprobs
 #                               logprobs of the temperature-scaled distribution the token
 #                               was sampled from, as the embedded engine records them
@@ -51,6 +56,9 @@ else
     NUM_SERVERS=${NUM_SERVERS:-$(( $(nvidia-smi -L | wc -l) / TP_SIZE ))}
 fi
 export VLLM_SERVER_DEV_MODE=1
+# this checkout, for --worker-extension-cls (it imports gateway/inference/ modules that
+# need torch only)
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$LOG_DIR"
 
 pids=()
@@ -72,6 +80,7 @@ for (( s = 0; s < NUM_SERVERS; s++ )); do
         --max-model-len "$MAX_MODEL_LEN" \
         --enable-scale-out \
         --logprobs-mode processed_logprobs \
+        --worker-extension-cls gateway.inference.vllm_worker_extension.WeightReceiverExtension \
         $VLLM_ARGS \
         >"$LOG_DIR/server-$port.log" 2>&1 &
     pids+=("$!")

@@ -10,14 +10,18 @@ The servers are started with (deploy/vllm/):
 - `VLLM_SERVER_DEV_MODE=1`: serves the control endpoints used for weight updates,
   `/pause?mode=abort`, `/resume`, `/collective_rpc`, `/update_weight_version`,
   `/weight_info`, `/reset_prefix_cache`;
+- `--worker-extension-cls gateway.inference.vllm_worker_extension.WeightReceiverExtension`
+  (this repository on the server's PYTHONPATH): our methods in each worker, for weight
+  loads from a folder and from a broadcast;
 - `--logprobs-mode processed_logprobs`: logprobs of the temperature-scaled
   distribution the token was sampled from (the behaviour policy, as the embedded
   engine records); vLLM's default is the raw model's.
 
 A weight update, on every server: `/pause?mode=abort` (what is generating comes back
 with finish_reason "abort" and is resubmitted, remote.py), `/collective_rpc`
-`reload_weights` with `weights_path` = the checkpoint folder the trainer wrote (an
-in-place reload from disk, the CPU path; vLLM's NCCL/IPC weight transfer needs GPUs),
+`turnstile_reload_weights` (our worker extension: vLLM's in-place `reload_weights`
+from the checkpoint folder the trainer wrote, then the tied lm_head packed again),
+or, without disk, a broadcast into the workers (vllm_weights.py),
 `/reset_prefix_cache` (no KV of the old weights is reused), `/update_weight_version`,
 then `/resume`. Each answer labels its tokens with the weight version, so recorded
 versions are the server's own; streamed tokens, labelled only at the end of a stream,
@@ -47,6 +51,11 @@ from gateway.inference.vllm_protocol import (
 log = logging.getLogger(__name__)
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (deploy/vllm/)"
+EXTENSION = "gateway.inference.vllm_worker_extension.WeightReceiverExtension"
+EXTENSION_HINT = (
+    f"start vLLM with --worker-extension-cls {EXTENSION} and this repository on its "
+    "PYTHONPATH (deploy/vllm/)"
+)
 
 
 class VLLMEngine(RemoteEngine):
@@ -129,7 +138,9 @@ class VLLMEngine(RemoteEngine):
             log.error("%s", error)
 
     async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        # vLLM's `reload_weights`, then a tied lm_head packed again: without that, vLLM
+        # CPU keeps serving the old head (vllm_worker_extension.py)
+        rpc = {"method": "turnstile_reload_weights", "kwargs": {"weights_path": path}}
         steps: list[tuple[str, dict[str, Any]]] = [
             ("/collective_rpc", rpc),
             ("/reset_prefix_cache", {}),
@@ -138,7 +149,9 @@ class VLLMEngine(RemoteEngine):
         for path_, body in steps:
             error = await self._post(url, path_, _dumps(body))
             if error is not None:
-                return f"{error} ({DEV_MODE_HINT})" if " answered 404" in error else error
+                if " answered 404" in error:
+                    return f"{error} ({DEV_MODE_HINT})"
+                return f"{error} ({EXTENSION_HINT})" if "turnstile_" in error else error
         return None
 
 

@@ -17,11 +17,10 @@ import httpx
 
 from gateway import json_codec
 from gateway.inference.base import EngineError
-from gateway.inference.vllm import DEV_MODE_HINT, VLLMEngine
+from gateway.inference.vllm import DEV_MODE_HINT, EXTENSION, EXTENSION_HINT, VLLMEngine
 from gateway.inference.weight_broadcast import GroupSpec, Manifest
 
-EXTENSION = "gateway.inference.vllm_worker_extension.WeightReceiverExtension"
-EXTENSION_HINT = f"start vLLM with --worker-extension-cls {EXTENSION} (deploy/vllm/)"
+__all__ = ["EXTENSION", "VLLMWeightReceiver"]
 
 
 class VLLMWeightReceiver:

