@@ -16,7 +16,8 @@ and checked against the real server's answers:
   last, then `data: [DONE]`. Over-long prompts: 400 {"error": {"message", ...}}.
 - `POST /pause?mode=abort` aborts what runs (finish_reason "abort", partial output)
   and holds new requests until `POST /resume`.
-- `POST /collective_rpc` {"method": "reload_weights", "kwargs": {"weights_path"}},
+- `POST /collective_rpc` {"method": "turnstile_reload_weights", "kwargs": {"weights_path"}}
+  (our worker extension's reload: vLLM's `reload_weights`, then the tied head repacked),
   `POST /reset_prefix_cache`, `POST /update_weight_version` {"new_version"},
   `GET /weight_info`, `GET /v1/models` (max_model_len), `GET /health`.
 
@@ -288,7 +289,7 @@ class FakeVLLMServer:
         @app.post("/collective_rpc")
         async def collective_rpc(request: Request) -> Response:
             body = await body_of(request, "/collective_rpc")
-            if body.get("method") != "reload_weights":
+            if body.get("method") != "turnstile_reload_weights":
                 return JSONResponse({"results": [None]})
             if self.load_s:
                 await asyncio.sleep(self.load_s)

@@ -185,7 +185,7 @@ async def test_update_mid_generation_versions_old_then_new(fakes, stream):
     ]
     assert dict(fake.requests)["/pause"] == {"mode": "abort", "clear_cache": "true"}
     assert dict(fake.requests)["/collective_rpc"] == {
-        "method": "reload_weights",
+        "method": "turnstile_reload_weights",
         "kwargs": {"weights_path": "/ckpt/v1"},
     }
     assert fake.weight_version == "1"
