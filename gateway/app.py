@@ -15,6 +15,7 @@ from gateway.api_schema import install_openapi
 from gateway.auth import KeyRing
 from gateway.auth_limits import AuthLimiter
 from gateway.chat.template import ChatRenderer, load_chat_template
+from gateway.chat.tokenizer import load_tokenizer
 from gateway.config import GatewayConfig
 from gateway.entrypoints import health, rewards, sessions, weights
 from gateway.entrypoints.anthropic.messages import api_router as messages
@@ -26,7 +27,7 @@ from gateway.entrypoints.openai.completion import api_router as completion
 from gateway.entrypoints.openai.responses import api_router as responses
 from gateway.errors import BodySizeLimit, install_error_handlers
 from gateway.inference.base import InferenceEngine
-from gateway.inference.model_source import load_tokenizer, resolve_model_dir
+from gateway.inference.model_source import resolve_model_dir
 from gateway.inference.registry import make_inference_engine
 from gateway.metrics import Metrics, RequestTimer
 from gateway.serving.core import ServingCore

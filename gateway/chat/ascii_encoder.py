@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+from gateway.chat.tokenizer import bytes_to_unicode
 
 log = logging.getLogger(__name__)
 

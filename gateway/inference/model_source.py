@@ -93,6 +93,8 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 
 def load_tokenizer(model_dir: Path):  # -> PreTrainedTokenizerBase
+    """transformers' tokenizer, its whole API (`apply_chat_template`), for user code and
+    the trainer. The gateway reads its own without transformers (gateway/chat/tokenizer.py)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+from gateway.chat.tokenizer import bytes_to_unicode
 
 from gateway.chat.detokenize import partial_suffix_len
 from gateway.chat.events import Event

@@ -1,0 +1,216 @@
+"""The model's tokenizer read from its files on the `tokenizers` library, without transformers.
+
+Behind an external engine the gateway needs a tokenizer, never a model. transformers'
+`AutoTokenizer` imports torch (its config module pulls in the model utilities) and
+transformers itself costs ~47 MB of imports (numpy, PIL, huggingface_hub): the gateway
+held ~460 MB where a pass-through holds ~60. `ModelTokenizer` reads the same files
+transformers reads, `tokenizer.json` (the Rust tokenizer, as is) and
+`tokenizer_config.json` (special tokens, cleanup, chat template; `chat_template.jinja`
+taking priority, as in transformers), and offers the part of transformers' tokenizer
+API the gateway uses, with the same results: tests/test_model_tokenizer.py holds ids,
+texts, special tokens and templates to `AutoTokenizer`'s for every family we test.
+User code (agents, workflows) keeps transformers' tokenizer
+(`gateway.inference.model_source.load_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Tokenizer
+
+# transformers' named special tokens, in its order (SPECIAL_TOKENS_ATTRIBUTES)
+SPECIAL_NAMES = (
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"
+)  # fmt: skip
+# what a checkpoint folder needs to load the same tokenizer again
+FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level table: each byte's character in a byte-level BPE vocabulary
+    (printable Latin-1 bytes stand for themselves, the rest for 256 + n in order). The
+    same table as transformers' `convert_slow_tokenizer.bytes_to_unicode`, written here
+    so that the gateway does not import transformers for it (tests compare the two)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return dict(sorted(table.items()))
+
+
+def _content(token: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: text, an AddedToken object, or null."""
+    if isinstance(token, dict):
+        return token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _chat_template(folder: Path, config: dict[str, Any]) -> str | dict[str, str] | None:
+    """transformers' choice: `chat_template.jinja` (and `additional_chat_templates/`) over
+    the config's `chat_template` (text, or a list of named templates)."""
+    templates: dict[str, str] = {}
+    if (folder / "chat_template.jinja").is_file():
+        templates["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    if (folder / CHAT_TEMPLATE_DIR).is_dir():
+        for path in sorted((folder / CHAT_TEMPLATE_DIR).glob("*.jinja")):
+            templates[path.stem] = path.read_text(encoding="utf-8")
+    if list(templates) == ["default"]:
+        return templates["default"]
+    if templates:
+        return templates
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        return {t["name"]: t["template"] for t in template}
+    return template
+
+
+class ModelTokenizer:
+    """A model folder's tokenizer: the Rust `tokenizers.Tokenizer` of its tokenizer.json
+    and what tokenizer_config.json says around it, with transformers' method names."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.name_or_path = str(folder)
+        self.backend_tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        config_file = self.folder / "tokenizer_config.json"
+        config = (
+            json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        )
+        legacy = self.folder / "special_tokens_map.json"  # merged into the config, as there
+        if legacy.is_file():
+            for key, value in json.loads(legacy.read_text(encoding="utf-8")).items():
+                config.setdefault(key, value)
+        self.special_tokens_map: dict[str, str] = {
+            name: text for name in SPECIAL_NAMES if (text := _content(config.get(name))) is not None
+        }
+        extra = config.get("extra_special_tokens") or config.get("additional_special_tokens")
+        extra_tokens = [_content(t) for t in extra] if isinstance(extra, list) else []
+        self.all_special_tokens: list[str] = list(
+            dict.fromkeys([*self.special_tokens_map.values(), *filter(None, extra_tokens)])
+        )
+        self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        self.chat_template = _chat_template(self.folder, config)
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def _id_of(self, name: str) -> int | None:
+        token = self.special_tokens_map.get(name)
+        return None if token is None else self.convert_tokens_to_ids(token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id_of("bos_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._id_of("eos_token")
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._id_of("unk_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._id_of("pad_token")
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.special_tokens_map.get("eos_token")
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self.convert_tokens_to_ids(t) for t in self.all_special_tokens]
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, AddedToken]:
+        return self.backend_tokenizer.get_added_tokens_decoder()
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        """The token's id; the unknown token's id (or None) when it has none."""
+        index = self.backend_tokenizer.token_to_id(token)
+        if index is None:
+            unk = self.special_tokens_map.get("unk_token")
+            return None if unk is None else self.backend_tokenizer.token_to_id(unk)
+        return index
+
+    def convert_ids_to_tokens(self, index: int) -> str | None:
+        return self.backend_tokenizer.id_to_token(int(index))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        text = self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # transformers cleans up spaces only for tokenizers other than BPE
+        if self.clean_up_tokenization_spaces and not self._is_bpe():
+            text = _clean_up_tokenization(text)
+        return text
+
+    def batch_decode(self, batch: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in batch]
+
+    def _is_bpe(self) -> bool:
+        return type(self.backend_tokenizer.model).__name__ == "BPE"
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Copy the files it was read from: the folder loads as the same tokenizer."""
+        target = Path(path)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in FILES:
+            if (self.folder / name).is_file():
+                shutil.copyfile(self.folder / name, target / name)
+        if (self.folder / CHAT_TEMPLATE_DIR).is_dir():
+            shutil.copytree(self.folder / CHAT_TEMPLATE_DIR, target / CHAT_TEMPLATE_DIR,
+                            dirs_exist_ok=True)  # fmt: skip
+
+
+def _clean_up_tokenization(text: str) -> str:
+    """transformers' `clean_up_tokenization` (spaces before punctuation, WordPiece's)."""
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                          (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
+                          (" 're", "'re")):  # fmt: skip
+        text = text.replace(before, after)
+    return text
+
+
+def _return_freed_memory() -> None:
+    """Reading tokenizer.json frees its JSON text and parse tree (~14 MB for SmolLM2's),
+    which glibc keeps in the process unless asked to give it back: a tenth of the
+    gateway's RSS. No-op where glibc is not the allocator."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+
+
+def load_tokenizer(model_dir: str | Path) -> ModelTokenizer:
+    """The tokenizer the gateway serves with, read from a model folder (tokenizer.json +
+    tokenizer_config.json), transformers not imported; `model_source.load_tokenizer`
+    gives transformers' own, for user code that wants its whole API."""
+    if not (Path(model_dir) / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"{model_dir} has no tokenizer.json: the gateway reads a fast tokenizer's files"
+        )
+    tokenizer = ModelTokenizer(model_dir)
+    _return_freed_memory()
+    return tokenizer
