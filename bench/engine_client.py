@@ -1,6 +1,5 @@
 """CPU per request of the HTTP clients an engine client could use: httpx, aiohttp, and
-the gateway's engine client (gateway/inference/http_client.py: aiohttp and what the
-engines read of it, so the difference is its own cost).
+the gateway's own (gateway/inference/http_client.py).
 
 Each turn the gateway serves from an external engine is one POST of ~600 prompt ids to
 `/generate`, so the client's own CPU is paid per turn. This starts bench/engine_server.py
@@ -100,7 +99,7 @@ def main() -> int:
             hx, ah, gw = (uvloop.run(f(url)) for f in (with_httpx, with_aiohttp, with_gateway))
             print(
                 f"round {rnd + 1}: CPU ms per request: httpx {hx:.3f}, aiohttp {ah:.3f}, "
-                f"gateway's client {gw:.3f} ({gw / ah:.2f}x aiohttp's)"
+                f"gateway's client {gw:.3f} ({ah / gw:.1f}x less than aiohttp)"
             )
     finally:
         server.terminate()

@@ -22,8 +22,12 @@ One run, everything on 127.0.0.1:
   6. the gateway is killed with SIGKILL and every 200 is looked up in its store;
   7. its section of docs/benchmarks.md is rewritten between markers.
 
+`--also DIR` measures the gateway of another checkout too (`git worktree add DIR COMMIT`),
+in the same rounds, to compare a change where the machine's speed cannot move the answer.
+
     python -m bench.hot_path              # ~1 min on 2 cores; --long: ~2 min
     python -m bench.hot_path --profile    # needs `pip install py-spy`
+    python -m bench.hot_path --also /tmp/before --no-docs   # this gateway vs another's
 """
 
 from __future__ import annotations
@@ -263,7 +267,7 @@ class Bench:
 
     async def measure(self, server: Child, path: str, url: str, sessions: int) -> Run:
         n = max(1, self.args.requests * (4 if sessions > 1 else 1) // self.args.turns)
-        if path == GATEWAY:
+        if path != PASS:
             convs = await create_sessions(url, self.admin_key, n)
         else:
             convs = [Conversation() for _ in range(n)]  # no session: nothing to record
@@ -324,7 +328,7 @@ class Bench:
 
     async def long_run(self, server: Child, path: str, url: str, sessions: int) -> LongRun:
         """`--long-turns`-turn sessions in lockstep; CPU per request read after each turn."""
-        if path == GATEWAY:
+        if path != PASS:
             convs = await create_sessions(url, self.admin_key, sessions)
         else:
             convs = [Conversation() for _ in range(sessions)]
@@ -352,6 +356,7 @@ class Bench:
         e_port, p_port, g_port = free_port(), free_port(), free_port()
         engine_url = f"http://127.0.0.1:{e_port}"
         py = sys.executable
+        turnstile = str(Path(py).parent / "turnstile")
         self.start(
             "engine",
             self.pin(
@@ -382,34 +387,22 @@ class Bench:
             f"http://127.0.0.1:{p_port}/docs",
         )
         db = self.work / "gateway.db"
-        turnstile = str(Path(py).parent / "turnstile")
-        gateway = self.start(
-            GATEWAY,
-            self.pin(
-                0,
-                [
-                    turnstile,
-                    "serve",
-                    "--engine",
-                    "sglang",
-                    "--engine-url",
-                    engine_url,
-                    "--port",
-                    str(g_port),
-                    "--database",
-                    str(db),
-                    "--admin-key",
-                    self.admin_key,
-                ],
-            ),
-            f"http://127.0.0.1:{g_port}/healthz",
-        )
-        await self.interleaved(
-            [
-                (PASS, proxy, f"http://127.0.0.1:{p_port}/v1"),
-                (GATEWAY, gateway, f"http://127.0.0.1:{g_port}/v1"),
-            ]
-        )
+
+        def serve(name: str, port: int, db: Path, *env: str) -> tuple[str, Child, str]:
+            argv = ["env", *env, turnstile, "serve", "--engine", "sglang", "--engine-url",
+                    engine_url, "--port", str(port), "--database", str(db), "--admin-key",
+                    self.admin_key]  # fmt: skip
+            child = self.start(name, self.pin(0, argv), f"http://127.0.0.1:{port}/healthz")
+            return name, child, f"http://127.0.0.1:{port}/v1"
+
+        paths = [(PASS, proxy, f"http://127.0.0.1:{p_port}/v1")]
+        if self.args.also:  # its code first on the path; its records are not checked
+            also = Path(self.args.also).resolve()
+            paths.append(serve(f"gateway ({also.name})", free_port(), self.work / "also.db",
+                               f"PYTHONPATH={also}"))  # fmt: skip
+        paths.append(serve(GATEWAY, g_port, db))  # (last: --profile samples it)
+        gateway = paths[-1][1]
+        await self.interleaved(paths)
         proxy.stop()
         gateway.kill_hard()
         store = check_store(db, self.records)
@@ -511,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", action="store_true", help="also run long sessions (see --long-turns)")
     p.add_argument("--long-turns", type=int, default=64)
     p.add_argument("--no-docs", dest="write_docs", action="store_false")
+    p.add_argument("--also", metavar="DIR", help="also measure the gateway of this checkout")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
     bench = Bench(args)

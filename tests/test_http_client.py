@@ -1,7 +1,6 @@
-"""The engine HTTP client (gateway/inference/http_client.py, on aiohttp) against raw
-servers on loopback: what an engine can send (lengths, chunks, bodies that end with the
-connection, streams split anywhere, closes, stalls, garbage), the errors the engines map,
-and what the pool must keep to."""
+"""The engine HTTP client (gateway/inference/http_client.py) against raw servers on
+loopback: what an engine can send (lengths, chunks, bodies that end with the connection,
+streams split anywhere, closes, stalls, garbage) and what the pool must keep to."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from gateway.inference import http_client
 from gateway.inference.http_client import ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -303,24 +303,51 @@ def test_a_cancelled_request_frees_its_slot_and_its_connection() -> None:
     run(main())
 
 
-def test_header_values_cannot_smuggle_lines_and_urls_must_be_http() -> None:
+def test_a_fast_stream_read_slowly_is_not_buffered_without_bound(monkeypatch) -> None:
+    monkeypatch.setattr(http_client, "_HIGH_WATER", 64 * 1024)
+    block = b"data: " + b"x" * 4090 + b"\n\n"
+
+    async def reply(_head: bytes, _body: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(block) * 500))
+        for _ in range(500):  # 2 MB
+            w.write(block)
+            await w.drain()
+        return True
+
     async def main() -> None:
-        server = RawServer(echo)
-        async with server as url:
+        async with RawServer(reply) as url:
             c = client()
             await c.start()
-            with pytest.raises(ValueError):
-                await c.post(f"{url}/x", b"{}", headers={"X-Route": "a\r\nEvil: 1"})
-            with pytest.raises(ValueError):
-                await c.post("ftp://127.0.0.1/x", b"{}")
+            most = 0
+            async with c.stream(f"{url}/big", b"{}") as r:
+                n = 0
+                async for _ in r.events():
+                    n += 1
+                    if n % 50 == 0:
+                        await asyncio.sleep(0.01)  # a slow reader
+                        most = max(most, r._conn._buffered)
+            assert n == 500
+            assert most < 64 * 1024 + 512 * 1024  # the socket's buffers, not the stream
             await c.close()
-        assert server.requests == []
+
+    run(main())
+
+
+def test_header_values_cannot_smuggle_lines_and_urls_must_be_http() -> None:
+    async def main() -> None:
+        c = client()
+        await c.start()
+        with pytest.raises(ValueError):
+            await c.post("http://127.0.0.1:1/x", b"{}", headers={"X-Route": "a\r\nEvil: 1"})
+        with pytest.raises(ValueError):
+            await c.post("ftp://127.0.0.1/x", b"{}")
+        await c.close()
 
     run(main())
 
 
 def test_a_body_in_parts_arrives_whole() -> None:
-    """A long prompt's JSON is kept in parts (gateway/token_ids.py); they arrive as one."""
+    """A long prompt's JSON is sent as its kept parts (gateway/token_ids.py), not joined."""
 
     async def main() -> None:
         server = RawServer(echo)
@@ -343,8 +370,8 @@ def test_a_body_in_parts_arrives_whole() -> None:
 
 
 def test_a_stream_that_stalls_times_out_one_cut_short_fails_and_a_long_event_is_whole() -> None:
-    """The deadline covers reading a stream; an event longer than aiohttp's read buffer
-    (a cumulative SGLang event with logprobs) arrives whole."""
+    """The deadline covers reading a stream; a 1 MB event (a cumulative SGLang event
+    with logprobs can be that long) arrives whole."""
     long_event = b'{"x": "' + b"y" * 1_000_000 + b'"}'
 
     async def reply(head: bytes, _body: bytes, w: asyncio.StreamWriter) -> bool:

@@ -1,23 +1,38 @@
-"""HTTP to external engines, on aiohttp.
+"""HTTP/1.1 to external engines: kept-alive connections on asyncio, parsed by httptools.
 
-aiohttp does the HTTP: kept-alive connections pooled up to `max_connections`, a connect
-timeout and a deadline per request (that of a stream covers reading it), chunked,
-length-framed and until-close bodies, flow control on streams, TLS. What is ours is
-the little the engines read: a `Reply`, a `StreamReply` read by server-sent event, and
-three errors (`ConnectFailed`, `TimedOut`, `HTTPFailed`) so that no aiohttp type
-leaves this module.
+Every completion the gateway serves from an external engine is one request here, so
+its CPU cost is paid per turn. A general client spends most of it on what an engine
+call does not use: URL objects, cookie jars, header multidicts, payload registries,
+tracing hooks, a task per request. Here a request is one write of bytes already framed
+(the head for a URL and header set is built once), and the response goes through
+httptools, the C parser uvicorn serves with, into a buffer the caller awaits. Per
+request at one session behind an instant engine this is about a third of aiohttp's
+CPU (docs/benchmarks.md, `python -m bench.engine_client`).
+
+What engines need is all here: keep-alive pooling bounded by `max_connections`, a
+connect timeout and a deadline per request, chunked and length-framed bodies (and ones
+that end with the connection), streamed bodies read by line or by server-sent event
+with flow control, and plain or TLS connections. Callers see `Reply`, `StreamReply`
+and `ConnectFailed` / `TimedOut` / `HTTPFailed`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 
-# A request body: bytes, or its parts in order (a long prompt's JSON is kept in parts,
-# gateway/token_ids.py), joined here: aiohttp sends a body whole or streamed in chunks.
+# a stream's unread bytes above which the socket is no longer read (flow control)
+_HIGH_WATER = 4 * 1024 * 1024
+
+# A request body: bytes, or its parts in order, written to the socket as they are (a
+# long prompt's JSON is kept in parts, gateway/token_ids.py: joining them copied it)
 Body = bytes | tuple[bytes | memoryview, ...]
 
 
@@ -39,21 +54,180 @@ class Reply:
     content: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a URL's requests go, and the first line + Host header they start with."""
+
+    key: tuple[str, str, int]  # (scheme, host, port): the pool a connection belongs to
+    head: bytes  # b"{METHOD} " is put in front; b"HTTP/1.1\r\nHost: ...\r\n" is in it
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection; it carries one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int], url: str):
+        self.loop = loop
+        self.key = key
+        self.url = url  # the first URL it was opened for (error messages)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.status = 0
+        self._parser = httptools.HttpResponseParser(self)
+        self._body: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._headers_done = False
+        self._complete = False
+        self._framed = False  # the response said how its body ends (length or chunks)
+        self._keep_alive = False
+        self._error: HTTPFailed | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # ---- asyncio.Protocol ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(HTTPFailed(f"{self.url}: malformed response: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._headers_done and not self._complete and not self._framed and exc is None:
+            self._complete = True  # a body that ends with the connection has ended
+            self._wake()
+        elif not self._complete:
+            reason = f"{type(exc).__name__}: {exc}" if exc else "the server closed the connection"
+            self._fail(HTTPFailed(f"{self.url}: {reason}"))
+
+    # ---- httptools callbacks ---------------------------------------------------------
+    def on_header(self, name: bytes, _value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        # (asked now: the parser forgets it once the message is over)
+        self._keep_alive = self._parser.should_keep_alive()
+        self._complete = True
+        self._wake()
+
+    # ---- one exchange ----------------------------------------------------------------
+    def send(self, data: list[bytes | memoryview], deadline: float) -> None:
+        """Start a request (its bytes) that must be answered by `deadline` (loop time)."""
+        assert self.transport is not None
+        self.status = 0
+        self._headers_done = self._complete = self._framed = self._keep_alive = False
+        self._deadline = self.loop.call_at(deadline, self._expire)
+        self.transport.writelines(data)
+
+    async def headers(self) -> int:
+        while not self._headers_done:
+            await self._wait()
+        return self.status
+
+    async def read(self) -> bytes:
+        while not self._complete:
+            await self._wait()
+        body = b"".join(self._body)
+        self._body.clear()
+        self._buffered = 0
+        return body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            while self._body:
+                chunk = self._body.popleft()
+                self._buffered -= len(chunk)
+                if self._paused and self._buffered < _HIGH_WATER // 2:
+                    self._paused = False
+                    if self.transport is not None:
+                        self.transport.resume_reading()
+                yield chunk
+            if self._complete:
+                return
+            await self._wait()
+
+    def reusable(self) -> bool:
+        """Whole response read, and both sides keep the connection: it may go back."""
+        return (
+            self._complete
+            and not self.closed
+            and not self._body
+            and self._error is None
+            and self._keep_alive
+        )
+
+    def finish(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def close(self) -> None:
+        self.finish()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- waiting ---------------------------------------------------------------------
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._waiter = self.loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self._error is not None:
+            raise self._error
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _fail(self, error: HTTPFailed) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self._fail(TimedOut(f"{self.url}: no answer in time"))
+        self.close()
+
+
 class StreamReply:
     """An open response whose body is read whole, line by line, or by event."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self.status = conn.status
 
     async def read(self) -> bytes:
-        return await self._response.read()
+        return await self._conn.read()
 
     async def lines(self) -> AsyncIterator[str]:
-        # (split here, not by aiohttp's readline: that refuses a line over its buffer,
-        # and a cumulative SGLang event with logprobs can be longer)
         rest = b""
-        async for chunk in self._response.content.iter_any():
+        async for chunk in self._conn.chunks():
             rest += chunk
             *whole, rest = rest.split(b"\n")
             for line in whole:
@@ -83,30 +257,31 @@ class EngineHTTP:
         connect_timeout_s: float,
         max_connections: int,
     ) -> None:
-        self._headers = headers
+        self._headers = _header_lines(headers)
+        self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._targets: dict[str, _Target] = {}
 
     async def start(self) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
-                headers=self._headers,
-                timeout=self._timeout,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._slots = asyncio.Semaphore(self._max_connections)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for conn in list(self._open):
+            conn.close()
+        self._open.clear()
+        self._idle.clear()
+        self._loop = None
+        self._slots = None
 
     async def get(self, url: str, *, timeout: float | None = None) -> Reply:
-        with _errors(url):
-            async with self._started().get(url, **self._deadline(timeout)) as r:
-                return Reply(r.status, await r.read())
+        return await self._call(b"GET ", url, None, None, timeout)
 
     async def post(
         self,
@@ -116,46 +291,131 @@ class EngineHTTP:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> Reply:
-        with _errors(url):
-            async with self._started().post(
-                url, data=_joined(body), headers=headers, **self._deadline(timeout)
-            ) as r:
-                return Reply(r.status, await r.read())
+        return await self._call(b"POST ", url, body, headers, timeout)
+
+    async def _call(
+        self,
+        method: bytes,
+        url: str,
+        body: Body | None,
+        headers: dict[str, str] | None,
+        timeout: float | None,
+    ) -> Reply:
+        slots = self._started()
+        async with slots:
+            conn = await self._exchange(method, url, body, headers, timeout)
+            try:
+                status = await conn.headers()
+                content = await conn.read()
+            except BaseException:
+                self._discard(conn)
+                raise
+            self._release(conn)
+            return Reply(status, content)
 
     @asynccontextmanager
     async def stream(
         self, url: str, body: Body, *, headers: dict[str, str] | None = None
     ) -> AsyncIterator[StreamReply]:
-        """A POST whose reply is read as it comes (errors while reading map too)."""
-        with _errors(url):
-            async with self._started().post(url, data=_joined(body), headers=headers) as r:
-                yield StreamReply(r)
+        slots = self._started()
+        async with slots:
+            conn = await self._exchange(b"POST ", url, body, headers, None)
+            try:
+                await conn.headers()
+                yield StreamReply(conn)
+            except BaseException:
+                self._discard(conn)
+                raise
+            self._release(conn)
 
-    def _started(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    # ---- connections -----------------------------------------------------------------
+    def _started(self) -> asyncio.Semaphore:
+        if self._slots is None:
             raise RuntimeError("EngineHTTP.start() was not awaited")
-        return self._session
+        return self._slots
 
-    def _deadline(self, timeout: float | None) -> dict[str, aiohttp.ClientTimeout]:
-        if timeout is None:
-            return {}
-        return {"timeout": aiohttp.ClientTimeout(total=timeout, connect=self._connect_timeout_s)}
+    async def _exchange(
+        self,
+        method: bytes,
+        url: str,
+        body: Body | None,
+        headers: dict[str, str] | None,
+        timeout: float | None,
+    ) -> _Connection:
+        """A connection with the request written to it (the caller reads the reply)."""
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = _target(url)
+        data: list[bytes | memoryview] = [method, target.head, self._headers]
+        if headers:
+            data.append(_header_lines(headers))
+        if body is None:
+            data.append(b"\r\n")
+        elif isinstance(body, bytes):
+            data += [b"Content-Length: %d\r\n\r\n" % len(body), body]
+        else:
+            data.append(b"Content-Length: %d\r\n\r\n" % sum(map(len, body)))
+            data += body
+        conn = self._idle_connection(target.key)
+        if conn is None:
+            conn = await self._connect(target.key, url)
+        assert self._loop is not None
+        conn.send(data, self._loop.time() + (self._timeout_s if timeout is None else timeout))
+        return conn
+
+    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+            self._open.discard(conn)
+        return None
+
+    async def _connect(self, key: tuple[str, str, int], url: str) -> _Connection:
+        scheme, host, port = key
+        assert self._loop is not None
+        loop = self._loop
+        tls = ssl.create_default_context() if scheme == "https" else None
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop, key, url), host, port, ssl=tls
+                )
+        except TimeoutError as exc:
+            raise TimedOut(f"{url}: no connection within {self._connect_timeout_s:g} s") from exc
+        except OSError as exc:
+            raise ConnectFailed(f"{url}: {exc}") from exc
+        self._open.add(conn)
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        conn.finish()
+        if conn.reusable():
+            self._idle.setdefault(conn.key, []).append(conn)
+        else:
+            self._discard(conn)
+
+    def _discard(self, conn: _Connection) -> None:
+        conn.close()
+        self._open.discard(conn)
 
 
-def _joined(body: Body) -> bytes:
-    return body if isinstance(body, bytes) else b"".join(body)
+def _target(url: str) -> _Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    host = parts.netloc.rpartition("@")[2]
+    head = f"{path} HTTP/1.1\r\nHost: {host}\r\n".encode("latin-1")
+    return _Target((parts.scheme, parts.hostname, port), head)
 
 
-@contextmanager
-def _errors(url: str) -> Iterator[None]:
-    """aiohttp's failures as ours, each naming the URL."""
-    try:
-        yield
-    except aiohttp.ClientConnectorError as exc:
-        raise ConnectFailed(f"{url}: {exc}") from exc
-    except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
-        raise TimedOut(f"{url}: no answer in time") from exc
-    except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
-        raise ValueError(f"not an http(s) URL: {url!r}") from exc  # ours, not the server's
-    except (aiohttp.ClientError, OSError) as exc:
-        raise HTTPFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
+def _header_lines(headers: dict[str, str]) -> bytes:
+    for name, value in headers.items():
+        if any(c in name + value for c in "\r\n") or not name:
+            raise ValueError(f"bad header {name!r}")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")
