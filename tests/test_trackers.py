@@ -82,3 +82,13 @@ def test_a_missing_tracker_library_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     with pytest.raises(TrackerError, match="pip install wandb"):
         make_trackers(["wandb"], {}, tmp_path)
+
+
+def test_the_reward_curve_draws_a_step_whose_every_episode_failed(tmp_path) -> None:
+    """A step with no reward (all its episodes failed, e.g. their node died) is a gap in
+    the curve, not a crash at the end of the run."""
+    log = RunLog(tmp_path)
+    for step, reward in enumerate([0.5, 0.4, None, 0.6], start=1):
+        log.append({"step": step, "reward_mean": reward})
+    assert log.plot_rewards().stat().st_size > 0
+    log.close()

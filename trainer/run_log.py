@@ -76,8 +76,9 @@ class RunLog:
         ax.plot(steps, rewards, marker="o", lw=1.2, label="mean reward per step")
         if len(rewards) >= 3:
             k = 3
+            # a step whose every episode failed has no reward: averaged over the others
             smooth = [
-                sum(rewards[max(0, i - k + 1) : i + 1]) / len(rewards[max(0, i - k + 1) : i + 1])
+                mean([r for r in rewards[max(0, i - k + 1) : i + 1] if r is not None])
                 for i in range(len(rewards))
             ]
             ax.plot(steps, smooth, lw=2.2, label=f"{k}-step moving average")
