@@ -31,7 +31,8 @@ class FrozenDict(dict):  # type: ignore[type-arg]
 
 
 class FrozenList(list):  # type: ignore[type-arg]
-    """A list whose contents cannot change (see the module docstring)."""
+    """A list whose contents cannot change (see the module docstring). Made by `freeze`
+    or `concat` only, so that every item is frozen too."""
 
     __slots__ = ()
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
@@ -39,6 +40,14 @@ class FrozenList(list):  # type: ignore[type-arg]
 
     def __reduce__(self) -> tuple[type, tuple[list[Any]]]:
         return type(self), (list(self),)
+
+    @classmethod
+    def concat(cls, head: FrozenList, tail: FrozenList) -> FrozenList:
+        """`head` + `tail`, frozen both: a history grown by its new part, which alone
+        was frozen (a long history is not walked again)."""
+        if type(head) is not cls or type(tail) is not cls:
+            raise TypeError("FrozenList.concat takes two FrozenLists")
+        return cls([*head, *tail])
 
 
 # kept as they are by `freeze`: scalars, and what it froze already
@@ -67,6 +76,6 @@ def freeze(value: Any) -> Any:
     raise TypeError(f"cannot freeze a {kind.__name__}: memos keep JSON values only")
 
 
-def is_frozen(value: Any) -> bool:
-    """Is `value` frozen (a scalar, or a container `freeze` made)? Shallow."""
-    return type(value) in _KEEP
+def all_frozen(values: Any) -> bool:
+    """Is every item of `values` frozen (a scalar, or a container `freeze` made)?"""
+    return type(values) is FrozenList or _KEEP.issuperset(map(type, values))

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from gateway.frozen import freeze, is_frozen
+from gateway.frozen import all_frozen, freeze
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -102,7 +102,7 @@ class HistoryMemo(Generic[V]):
     def put(self, messages: Sequence[Any], value: V) -> V:
         """Keep `value` for `messages` if they are frozen; returns it frozen (the
         caller hands on that one, which a later `get` returns), or as it is if not kept."""
-        if not messages or not all(map(is_frozen, messages)):
+        if not messages or not all_frozen(messages):
             return value
         value = freeze(value)
         self.histories.put(id(messages[0]), (tuple(messages), value))

@@ -23,7 +23,7 @@ from gateway.auth import KeyRing
 from gateway.chat.prompt_heads import HeadCache
 from gateway.entrypoints.anthropic.messages.protocol import MessagesRequest
 from gateway.entrypoints.anthropic.messages.serving import MessagesServing
-from gateway.frozen import FrozenDict, FrozenList, freeze, is_frozen
+from gateway.frozen import FrozenDict, FrozenList, freeze
 from gateway.lru import HistoryMemo
 from gateway.store.repository import SessionInfo
 from gateway.ui.tokens import TokenTexts
@@ -60,7 +60,7 @@ def test_frozen_values_read_as_json_and_refuse_every_change() -> None:
     parts.append({})
     assert type({**frozen}) is dict and frozen["role"] == "user" and len(frozen["content"]) == 1
     for twin in (copy.deepcopy(frozen), pickle.loads(pickle.dumps(frozen))):
-        assert twin == value and type(twin) is FrozenDict and is_frozen(twin["content"])
+        assert twin == value and type(twin) is FrozenDict and type(twin["content"]) is FrozenList
     with pytest.raises(TypeError):
         freeze({"ids": {1, 2}})  # not JSON: a memo must not keep it
 

@@ -36,6 +36,7 @@ from gateway.chat.prompt_heads import HeadCache
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.template_window import message_local
 from gateway.chat.tools import PROMPT_TOOL_PARSER, inline_tools
+from gateway.frozen import FrozenList, freeze
 from gateway.lru import HistoryMemo
 from gateway.token_ids import TokenIds
 
@@ -146,8 +147,9 @@ class NormalizedMessages:
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not messages:
             return []
-        n, done = self.memo.get(messages) or (0, [])
-        return self.memo.put(messages, done + [self.one(m) for m in messages[n:]])
+        n, done = self.memo.get(messages) or (0, FrozenList())
+        new = freeze([self.one(m) for m in messages[n:]])
+        return self.memo.put(messages, FrozenList.concat(done, new))
 
 
 @dataclass(frozen=True, slots=True)

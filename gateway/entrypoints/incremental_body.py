@@ -134,7 +134,7 @@ class IncrementalBodies:
         new = getattr(request, history)
         if not isinstance(new, list) or not new or len(new) != len(values):
             return None
-        items = FrozenList([*prior.items, *map(freeze, new)])
+        items = FrozenList.concat(prior.items, freeze(new))
         setattr(request, history, items)
         h = prior.state.copy()
         h.update(memoryview(raw)[end:new_end])
