@@ -30,8 +30,7 @@ from gateway.inference.base import InferenceEngine
 from gateway.inference.model_source import resolve_model_dir
 from gateway.inference.registry import make_inference_engine
 from gateway.metrics import Metrics, RequestTimer
-from gateway.serving.core import ServingCore
-from gateway.state import GatewayState
+from gateway.state import GatewayState, serving_stages
 from gateway.store.database import open_database
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
@@ -59,13 +58,13 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     repo = Repository(db)
     metrics = Metrics()
     recorder = Recorder(db, on_commit=metrics.store_commit_seconds.observe)
-    core = ServingCore(engine, renderer, repo, recorder, metrics, config)
+    stages = serving_stages(engine, renderer, repo, recorder, metrics, config)
     limiter = AuthLimiter(
         config.auth_failure_limit, config.auth_failure_window_s, config.auth_lockout_s
     )
     keys = KeyRing(repo, config.admin_key, cache_size=config.key_cache_size, limiter=limiter)
     bodies = IncrementalBodies(config.parent_cache_size, config.body_cache_mb * 2**20)
-    return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, core, bodies)
+    return GatewayState(config, engine, renderer, repo, recorder, keys, metrics, stages, bodies)
 
 
 def create_app(

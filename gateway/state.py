@@ -1,5 +1,5 @@
-"""Everything a request handler needs, built once per app, and the FastAPI dependencies
-that hand it out (who is calling; which serving handler; is this a client retry)."""
+"""Everything a request handler needs, built once per app (the serving stages too), and
+the FastAPI dependencies that hand it out (who is calling; which serving handler)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from gateway.entrypoints.incremental_body import IncrementalBodies
 from gateway.errors import APIError
 from gateway.inference.base import InferenceEngine
 from gateway.metrics import Metrics
-from gateway.serving.core import ServingCore
+from gateway.serving.endpoint import Stages
+from gateway.serving.generate import Generator
+from gateway.serving.prompt import Prompts
+from gateway.serving.quotas import Admission
+from gateway.serving.record import Records
+from gateway.signing import Signer
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
@@ -31,7 +36,7 @@ class GatewayState:
     recorder: Recorder
     keys: KeyRing
     metrics: Metrics
-    core: ServingCore
+    stages: Stages
     bodies: IncrementalBodies
     handlers: dict[type, Any] = field(default_factory=dict)
 
@@ -39,8 +44,28 @@ class GatewayState:
         """The one handler of an endpoint (e.g. ChatCompletionServing), made on first use."""
         handler = self.handlers.get(cls)
         if handler is None:
-            handler = self.handlers[cls] = cls(self.core)  # type: ignore[call-arg]
+            handler = self.handlers[cls] = cls(self.stages)  # type: ignore[call-arg]
         return handler
+
+
+def serving_stages(
+    engine: InferenceEngine,
+    renderer: ChatRenderer,
+    repo: Repository,
+    recorder: Recorder,
+    metrics: Metrics,
+    config: GatewayConfig,
+) -> Stages:
+    """The stages every endpoint is built on (gateway/serving/endpoint.py)."""
+    generator = Generator(engine, renderer, metrics, config)
+    return Stages(
+        Prompts(renderer, repo, metrics, config, generator.tool_parser_name),
+        generator,
+        Records(repo, recorder, metrics, config.request_timeout_s),
+        Admission(repo, metrics, config.max_pending_requests),
+        Signer(repo, config.signing_keys, config.signing_key_grace_s),
+        config,
+    )
 
 
 async def get_state(request: Request) -> GatewayState:

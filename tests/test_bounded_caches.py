@@ -73,8 +73,8 @@ def test_a_parent_too_heavy_for_the_cache_is_rebuilt_from_the_store(
             reply.choices[0].message.model_dump(exclude_none=True),
             {"role": "user", "content": "Again?"},
         ]
-    assert len(gw.state.core._recent) == 0
+    assert len(gw.state.stages.prompts.recent) == 0
     for parent, child in zip(ids, ids[1:], strict=False):
         rec = completion_record(gw, session_id, child)
         assert rec["parent_id"] == parent and rec["tokens_continue_parent"] is True
-    assert not gw.state.core._inflight  # retry entries live only while generating
+    assert not gw.state.stages.records.inflight  # retry entries live only while generating

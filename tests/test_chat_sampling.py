@@ -304,7 +304,7 @@ async def test_too_many_pending_requests_is_429(gateway_factory, new_session):
     err = assert_error_shape(rejected, 429)
     assert err["code"] == "too_many_pending_requests"
     assert rejected.headers["x-should-retry"] == "true"
-    assert gw.state.core.pending == 0
+    assert gw.state.stages.admission.pending == 0
     # capacity is back once they are done
     ok = httpx.post(
         f"{gw.url}/chat/completions", headers=bearer(key), json={"messages": QUESTION, "n": 2}
@@ -319,7 +319,7 @@ def test_slow_engine_times_out_with_503(gateway_factory, new_session, http):
     err = assert_error_shape(r, 503)
     assert err["code"] == "engine_timeout"
     assert r.elapsed.total_seconds() < 3
-    assert gw.state.core.pending == 0
+    assert gw.state.stages.admission.pending == 0
 
 
 # ---- with the real embedded engine -------------------------------------------------------

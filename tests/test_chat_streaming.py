@@ -140,7 +140,7 @@ def test_record_is_committed_when_client_disconnects(gateway_factory, new_sessio
     assert 1 <= rec["completion_tokens"] < len(full)
     assert rec["output_ids"] == full[: len(rec["output_ids"])]
     assert len(rec["output_logprobs"]) == len(rec["output_versions"]) == rec["completion_tokens"]
-    assert gw.state.core.pending == 0
+    assert gw.state.stages.admission.pending == 0
 
     # Recorded, but not a training sample: the agent never used it.
     answer = openai_client(gw, key).chat.completions.create(model="default", messages=QUESTION)
@@ -239,7 +239,7 @@ def test_dead_engine_stream_is_503_before_streaming(fake_gateway, new_session):
         )
     assert info.value.status_code == 503
     assert info.value.code == "engine_unavailable"
-    assert fake_gateway.state.core.pending == 0
+    assert fake_gateway.state.stages.admission.pending == 0
 
 
 def test_engine_too_slow_mid_stream_ends_with_an_error_event(gateway_factory, new_session):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from gateway_helpers import completion_record, openai_client
 
-import gateway.serving.core
+import gateway.serving.prompt
 from gateway.chat.linking import ConversationHash, framed, last_answer
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
@@ -84,7 +84,7 @@ def test_the_gateway_resumes_each_turns_hash_and_links_every_turn(
             resumed.append(resume is not None)
             super().__init__(messages, tools, resume)
 
-    monkeypatch.setattr(gateway.serving.core, "ConversationHash", Spy)
+    monkeypatch.setattr(gateway.serving.prompt, "ConversationHash", Spy)
     session_id, key = new_session(fake_gateway)
     client = openai_client(fake_gateway, key)
     messages = history(0)

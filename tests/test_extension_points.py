@@ -15,28 +15,29 @@ from typing import Any
 import pytest
 from fastapi import APIRouter
 from gateway_helpers import admin_headers, bearer, read_session
-from pydantic import BaseModel
 
 import gateway.app
 from gateway.chat.events import ToolCall, ToolCallEvent, content_events
 from gateway.chat.parsers import TOOL_PARSERS, ToolParser
 from gateway.config import GatewayConfig
+from gateway.entrypoints.openai.protocol import OpenAIRequest
 from gateway.entrypoints.openai.route import openai_route
 from gateway.inference.fake import FakeEngine
 from gateway.inference.registry import INFERENCE_ENGINES, register_inference_engine
 from gateway.samples import EXPORT_STYLES, Sample, register_export_style
 from gateway.server import BackgroundGateway
-from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared
-from gateway.serving.turn import ChoiceOutput, Turn, choice_ids
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint
+from gateway.serving.generate import Sampling
+from gateway.serving.prompt import Prompt
+from gateway.serving.turn import Answer, ChoiceOutput, Turn, choice_ids
 
 
 # ---- an endpoint: one serving class + one router, added to gateway.app.ROUTERS -----------
-class ShoutRequest(BaseModel):
+class ShoutRequest(OpenAIRequest):
     text: str
-    stream: bool = False
 
 
-class ShoutServing(OpenAIServing[ShoutRequest]):
+class ShoutServing(ServingEndpoint[ShoutRequest]):
     """Answers the engine's completion of `text`, in capitals."""
 
     endpoint = "shout"
@@ -44,15 +45,9 @@ class ShoutServing(OpenAIServing[ShoutRequest]):
     def num_choices(self, req: ShoutRequest) -> int:
         return 1
 
-    async def prepare(self, req: ShoutRequest, session: Any, body_hash: str | None) -> Prepared:
-        ids = self.core.renderer.tokenizer.encode(req.text, add_special_tokens=False)
-        params = self.core.sampling_params(
-            len(ids), max_tokens=16, temperature=None, top_p=None, seed=None
-        )
-        turn = Turn(
-            session.id, self.endpoint, "default", req.model_dump(), ids, params, [], None,
-            choice_ids("shout", 1), body_hash,
-        )  # fmt: skip
+    async def prepare(self, req: ShoutRequest, session: Any) -> Prepared:
+        ids = self.prompts.renderer.tokenizer.encode(req.text, add_special_tokens=False)
+        turn = self.turn(req, session, Prompt(ids, "text"), choice_ids("shout", 1), Sampling(16))
         return Prepared(req, [turn], stream=req.stream)
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:

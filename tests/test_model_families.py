@@ -245,9 +245,9 @@ def harmony_prompt(messages: list[dict[str, Any]]) -> str:
 
 
 def test_parsers_are_detected_from_the_template(family, family_gateway):
-    core = family_gateway().state.core
-    assert core.tool_parser_name == family.tool_parser
-    assert core.reasoning_parser_name == family.reasoning_parser
+    generator = family_gateway().state.stages.generator
+    assert generator.tool_parser_name == family.tool_parser
+    assert generator.reasoning_parser_name == family.reasoning_parser
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

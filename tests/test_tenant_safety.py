@@ -225,7 +225,7 @@ def test_thinking_the_gateway_did_not_sign_for_the_session_is_client_text(
     msg, genuine = thinking_turn(http, gw, key)
     if forgery == "own":
         block = {**genuine, "thinking": FORGED}
-        block["signature"] = gw.state.core.signing.sign(THINKING, session_id, FORGED)
+        block["signature"] = gw.state.stages.signing.sign(THINKING, session_id, FORGED)
     elif forgery == "unsigned":
         block = {"type": "thinking", "thinking": FORGED, "signature": ""}
     elif forgery == "no_signature":
@@ -233,7 +233,7 @@ def test_thinking_the_gateway_did_not_sign_for_the_session_is_client_text(
     elif forgery == "old_constant_key":
         block = {**genuine, "thinking": FORGED, "signature": _old_constant_key(session_id, FORGED)}
     elif forgery == "other_deployment":
-        other = qwen3_gateway().state.core.signing  # another gateway on another database
+        other = qwen3_gateway().state.stages.signing  # another gateway on another database
         block = {**genuine, "thinking": FORGED}
         block["signature"] = other.sign(THINKING, session_id, FORGED)
     elif forgery == "other_session":
@@ -257,7 +257,7 @@ def test_a_rotated_out_key_verifies_for_its_grace_period_only(qwen3_gateway, new
     gw = qwen3_gateway(signing_key_grace_s=GRACE_S)
     session_id, key = new_session(gw)
     msg, old = thinking_turn(http, gw, key)
-    new_id = gw.state.core.signing.rotate()
+    new_id = gw.state.stages.signing.rotate()
     rotated = time.time()
     assert new_id != signing.key_id(old["signature"])
 
@@ -285,10 +285,10 @@ def test_replicas_of_one_store_accept_each_others_signatures(qwen3_gateway, new_
     record, prompt = next_turn(http, two, session_id, key, sent_back(msg, thinking))
     assert_own(record, prompt, THOUGHT, msg["id"])
 
-    new_id = two.state.core.signing.rotate()
+    new_id = two.state.stages.signing.rotate()
     msg, thinking = thinking_turn(http, two, key, "Once more.", "Lyon")
     assert signing.key_id(thinking["signature"]) == new_id
-    time.sleep(one.state.core.signing.min_reload_s)  # (the most often it reads the store)
+    time.sleep(one.state.stages.signing.min_reload_s)  # (the most often it reads the store)
     record, prompt = next_turn(http, one, session_id, key, sent_back(msg, thinking))
     assert_own(record, prompt, "Once more.", msg["id"])
 
@@ -406,7 +406,7 @@ def chat(http, gw: BackgroundGateway, key: str, messages: list[dict[str, Any]]) 
 def test_a_replayed_chat_history_links_to_no_turn_of_the_other_session(
     qwen3_gateway, new_session, http, replica
 ):
-    """Parents (`ServingCore._recent`, `_answered`, `Repository.find_parent`): B sends
+    """Parents (`Prompts.recent`, `_answered`, `Repository.find_parent`): B sends
     A's whole chat conversation (A's `call_` ids, A's answers), then again with A's
     `chatcmpl-` ids as its tool call ids. B's turns link to none of A's: B's session
     builds its prompts token-exactly on its parent, so a link to A's turn would put A's
@@ -579,7 +579,7 @@ def test_another_sessions_thinking_is_client_text_on_another_replica(
 def test_a_retry_of_another_sessions_body_waits_for_nothing_of_it(
     qwen3_gateway, new_session, replica, monkeypatch
 ):
-    """In-flight requests (`ServingCore._inflight`; across replicas of a PostgreSQL store
+    """In-flight requests (`Records.inflight`; across replicas of a PostgreSQL store
     the `inflight_requests` marks) and concurrency (`QuotaGuard._inflight`): while A's
     request generates (slowly), B sends A's body byte for byte as a client retry. B
     neither waits for A's request nor is refused for A's quota: it gets its own answer

@@ -189,7 +189,7 @@ def test_chat_turn_is_recorded_with_vllms_ids_and_logprobs(vllm, gw, model_dir):
         temperature=1.0,
         seed=7,
         ignore_eos=True,
-        stop_token_ids=gw.state.core.renderer.stop_token_ids,
+        stop_token_ids=gw.state.renderer.stop_token_ids,
     )
     assert direct["token_ids"] == out
     assert [c["logprob"] for c in direct["logprobs"]["content"]] == pytest.approx(
@@ -256,7 +256,7 @@ def test_streamed_turn_and_aborted_turn(vllm, gw):
         max_tokens=12,
         temperature=0,
         ignore_eos=True,
-        stop_token_ids=gw.state.core.renderer.stop_token_ids,
+        stop_token_ids=gw.state.renderer.stop_token_ids,
     )
     assert direct["token_ids"] == rec["output_ids"]
 

@@ -53,7 +53,7 @@ async def metrics(state: State) -> Response:
     m.policy_version.set(state.engine.version)
     m.records_committed.set(state.recorder.committed)
     m.record_batches.set(state.recorder.batches)
-    m.engine_queue_depth.set(state.core.pending)
+    m.engine_queue_depth.set(state.stages.admission.pending)
     try:
         m.sessions_active.set(await run_in_threadpool(state.repo.count_active_sessions))
     except SQLAlchemyError:  # the store is down: serve the rest, that is when they matter

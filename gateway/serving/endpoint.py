@@ -1,11 +1,17 @@
-"""One template method for every generating endpoint: `OpenAIServing.handle_request`.
+"""One template method for every generating endpoint: `ServingEndpoint.handle_request`.
 
-Validate, answer a client retry from the original's record, convert the request into
-turns (prompt ids, sampling params, parent), run each choice through the engine,
-record it, then shape the reply as a stream or whole. An endpoint (chat completions,
-completions, responses, ...) fills in only its own steps: `validate`, `prepare`,
-`new_choice` (parsing and per-delta frames), `response`, `replay`, and the frames
-that open and close its stream.
+A request goes through three stages, each calling only forward:
+
+1. prompt (serving/prompt.py): link to the turn it continues, render, history;
+2. generate (serving/generate.py): the engine call under a deadline, decoding;
+3. record (serving/record.py): the durable record; a client retry is answered from the
+   original's, and an original still in flight is waited for.
+
+Between 1 and 2 the request is admitted (serving/quotas.py). An endpoint (chat
+completions, completions, responses, messages, ...) fills in only its own steps:
+`validate`, `prepare` (its request into turns, through stage 1), `new_choice` (parsing
+and per-delta frames), `finish`, `response`, `replay`, and the frames that open and
+close its stream.
 
 Every choice is recorded before its client sees its end: a 200 (or a streamed finish)
 means the tokens, logprobs and policy version behind it are on disk.
@@ -22,14 +28,16 @@ from typing import Any, Generic, TypeVar
 from fastapi.responses import StreamingResponse
 
 from gateway.chat.events import Event, content_events
-from gateway.chat.linking import ConversationHash
 from gateway.chat.output_parser import OutputParser
-from gateway.chat.template import Rendered
+from gateway.config import GatewayConfig
 from gateway.errors import APIError, as_api_error
-from gateway.serving.core import Admission, ServingCore, Tracked
-from gateway.serving.turn import ChoiceOutput, Parent, TextDelta, Turn
+from gateway.serving.generate import Generator, Sampling
+from gateway.serving.prompt import Prompt, Prompts
+from gateway.serving.quotas import Admission, Admitted
+from gateway.serving.record import Records, RetryIdentity, Tracked
+from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn, recorded_request
+from gateway.signing import Signer
 from gateway.sse import sse_error, sse_response
-from gateway.store.delta import continued_length
 from gateway.store.repository import SessionInfo
 
 Req = TypeVar("Req")
@@ -39,12 +47,16 @@ Frames = asyncio.Queue[bytes | APIError | None]
 STREAM_END = None
 
 
-@dataclass(frozen=True)
-class RetryIdentity:
-    """What tells a client's retry from a new request: the body bytes and its count."""
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """What every endpoint is built on, made once per gateway (gateway/state.py)."""
 
-    body_hash: str | None = None
-    retry_count: int = 0
+    prompts: Prompts
+    generator: Generator
+    records: Records
+    admission: Admission
+    signing: Signer  # the keys of the signatures the gateway hands out (thinking blocks)
+    config: GatewayConfig
 
 
 @dataclass(slots=True)
@@ -56,17 +68,6 @@ class Prepared(Generic[Req]):
     per_turn: int = 1
     stream: bool = False
     context: dict[str, Any] = field(default_factory=dict)  # the endpoint's own
-
-
-@dataclass(slots=True)
-class Answer:
-    """A finished choice: what is recorded, and what the reply shapes are built from."""
-
-    out: ChoiceOutput
-    finish_reason: str
-    response: dict[str, Any]  # the `response` column
-    answer_hash: str  # what a later turn continuing this answer is found by
-    message: dict[str, Any] | None = None  # the assistant message, where there is one
 
 
 class Choice:
@@ -92,107 +93,89 @@ class Choice:
     def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
         return []
 
+    def message(self, out: ChoiceOutput) -> dict[str, Any]:
+        """The assistant message the answer parses to (what a later turn repeats)."""
+        parser = self.parser
+        if parser is None:
+            return {"role": "assistant", "content": out.text}
+        message: dict[str, Any] = {"role": "assistant", "content": parser.content}
+        if parser.reasoning is not None:
+            message["reasoning_content"] = parser.reasoning
+        if parser.tool_calls:
+            message["tool_calls"] = [c.to_openai() for c in parser.tool_calls]
+        return message
+
     def done(self, answer: Answer) -> list[bytes]:
         """Frames once the choice is recorded (not sent when its client has left)."""
         return []
 
 
-class OpenAIServing(abc.ABC, Generic[Req]):
+class ServingEndpoint(abc.ABC, Generic[Req]):
     endpoint: str  # the `endpoint` column of the records
+    # the request field holding the conversation: recorded as the request's own object
+    # (not a copy), and named by errors about the prompt; None: the request is dumped
+    history_field: str | None = None
 
-    def __init__(self, core: ServingCore) -> None:
-        self.core = core
+    def __init__(self, stages: Stages) -> None:
+        self.prompts, self.generator = stages.prompts, stages.generator
+        self.records, self.admission = stages.records, stages.admission
+        self.config = stages.config
 
     # ---- the template ----------------------------------------------------------------
     async def handle_request(
         self, req: Req, session: SessionInfo, retry: RetryIdentity | None = None
     ) -> dict[str, Any] | StreamingResponse:
         retry = retry or RetryIdentity()
-        self.validate(req)
         n = self.num_choices(req)
-        rows = await self.core.replay_of(session.id, retry.body_hash, retry.retry_count, n)
+        if n > self.config.max_n:
+            raise APIError(
+                422,
+                f"{n} choices (prompts x n) is more than this gateway serves in one request "
+                f"({self.config.max_n}).",
+                code="n_too_large",
+                param="n",
+                retryable=False,
+            )
+        self.validate(req)
+        rows = await self.records.replay_of(session.id, retry, n)
         if rows is not None:
             return self.replay(req, rows)
-        p = await self.prepare(req, session, retry.body_hash)
-        if session.sampling:
-            for turn in p.turns:
-                self.core.force_sampling(turn, session.sampling)
-        admission = self.core.admit(session, p.turns, p.per_turn)
-        tracked = self.core.track(session.id, retry.body_hash)
+        p = await self.prepare(req, session)
+        for turn in p.turns:
+            turn.request_hash = retry.body_hash
+            if session.sampling:
+                turn.force_sampling(session.sampling)
+        admitted = self.admission.admit(session, p.turns, p.per_turn)
+        tracked = self.records.track(session.id, retry.body_hash)
         try:
             await tracked.publish()
         except BaseException:  # (the store is down: a 503)
-            admission.release()
+            admitted.release()
             tracked.done()
             raise
         if p.stream:
-            return await self._stream(p, admission, tracked)
-        with admission, tracked:
+            return await self._stream(p, admitted, tracked)
+        with admitted, tracked:
             answers = await self._run_all(p)
         return self.response(p, answers)
 
     def turn(
-        self,
-        req: Any,
-        session: SessionInfo,
-        prompt_ids: list[int],
-        ids: list[str],
-        body_hash: str | None,
-        *,
-        max_tokens: int | None,
-        top_logprobs: int = 0,
-        stops: list[str] | None = None,
-        parent: Parent | None = None,
-        request: dict[str, Any] | None = None,
-        param: str = "messages",
-        prompt_text: str | None = None,
-        prompt: Rendered | None = None,
-        history: str = "template",
-        conversation: ConversationHash | None = None,
+        self, req: Any, session: SessionInfo, prompt: Prompt, ids: list[str], sampling: Sampling
     ) -> Turn:
-        """One request as the engine and the store see it: the step `prepare` ends with.
-
-        `prompt` (the rendered chat prompt) gives the prompt ids and text; `history`:
-        the session's mode, recorded per turn when it is token_exact."""
-        if prompt is not None:
-            prompt_ids, prompt_text = prompt.ids, prompt.text
-        params = self.core.sampling_params(
-            len(prompt_ids),
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            top_logprobs=top_logprobs,
-            param=param,
-        )
-        request = request if request is not None else req.model_dump(exclude_none=True)
-        if parent is None:
-            continues = None
-        elif prompt is not None and prompt.continues:  # built on the parent's ids
-            continues = True
+        """One request as the engine and the store see it (`ids`: one completion id per
+        choice): the step `prepare` ends with."""
+        params = self.generator.params(len(prompt.ids), req, sampling, prompt.param)
+        if self.history_field is None:
+            request = req.model_dump(exclude_none=True)
         else:
-            # does it start with exactly the tokens the parent saw and produced?
-            shared = continued_length(parent.prompt_ids, parent.output_ids, prompt_ids)
-            continues = shared == len(parent.prompt_ids) + len(parent.output_ids)
+            request = recorded_request(req, self.history_field)
         return Turn(
-            session.id,
-            self.endpoint,
-            req.model,
-            request,
-            prompt_ids,
-            params,
-            stops or [],
-            parent,
-            ids,
-            body_hash,
-            prompt_text=prompt_text,
-            rendered=prompt,
-            conversation=conversation,
-            continues_parent=continues,
-            drift=self.core.drift(parent, prompt_ids) if continues is False else None,
-            history=prompt.history if prompt is not None and history != "template" else None,
-            history_fallback=prompt.fallback if prompt is not None else None,
-        )
+            session.id, self.endpoint, req.model, request, prompt.ids, params,
+            sampling.stops or [], prompt.parent, ids, prompt_text=prompt.text,
+            rendered=prompt.rendered, conversation=prompt.conversation,
+            continues_parent=prompt.continues, drift=prompt.drift, history=prompt.history,
+            history_fallback=prompt.fallback,
+        )  # fmt: skip
 
     # ---- what each endpoint fills in -------------------------------------------------
     def validate(self, req: Req) -> None:  # noqa: B027 - optional step
@@ -202,8 +185,8 @@ class OpenAIServing(abc.ABC, Generic[Req]):
     def num_choices(self, req: Req) -> int: ...
 
     @abc.abstractmethod
-    async def prepare(self, req: Req, session: SessionInfo, body_hash: str | None) -> Prepared:
-        """Render the prompt(s), pick sampling params, find the parent turn."""
+    async def prepare(self, req: Req, session: SessionInfo) -> Prepared:
+        """The request's turns: prompt(s) from stage 1 (`self.prompts`), then `turn`."""
 
     @abc.abstractmethod
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice: ...
@@ -261,7 +244,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         put = queue.put_nowait if queue is not None else _drop
         out: ChoiceOutput | None = None
         try:
-            async for item in self.core.generate(turn, i, stream=p.stream, cancel=cancel):
+            async for item in self.generator.generate(turn, i, p.stream, cancel):
                 if isinstance(item, ChoiceOutput):
                     out = item
                     break
@@ -276,20 +259,16 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         for frame in choice.on_end():
             put(frame)
         answer = self.finish(p, turn, choice, out)
-        self.core.count_tool_calls(choice.parser)
-        failures = choice.parser.failures if choice.parser else 0
-        await self.core.record(
-            turn, out, answer.response, answer.finish_reason, answer.answer_hash, failures
-        )
+        self.generator.count_tool_calls(choice.parser)
+        await self.records.record(turn, answer, choice.parser.failures if choice.parser else 0)
+        self.prompts.remember(turn, out, answer.answer_hash)  # for the turn that continues it
         if queue is not None and out.finish_reason != "abort":
             for frame in choice.done(answer):
                 put(frame)
         return answer
 
     # ---- streaming -------------------------------------------------------------------
-    async def _stream(
-        self, p: Prepared, admission: Admission, tracked: Tracked
-    ) -> StreamingResponse:
+    async def _stream(self, p: Prepared, admitted: Admitted, tracked: Tracked) -> StreamingResponse:
         """Generate in a task of its own, so that the records are made even if the client
         leaves; the response only relays what that task queues.
 
@@ -298,7 +277,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         """
         queue: Frames = asyncio.Queue()
         cancel = asyncio.Event()
-        self.core.spawn(self._produce(p, queue, cancel, admission, tracked))
+        self.records.spawn(self._produce(p, queue, cancel, admitted, tracked))
         first = await queue.get()
         if isinstance(first, APIError):
             raise first
@@ -327,7 +306,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
         p: Prepared,
         queue: Frames,
         cancel: asyncio.Event,
-        admission: Admission,
+        admitted: Admitted,
         tracked: Tracked,
     ) -> None:
         try:
@@ -348,7 +327,7 @@ class OpenAIServing(abc.ABC, Generic[Req]):
             raise
         finally:
             queue.put_nowait(STREAM_END)
-            admission.release()
+            admitted.release()
             tracked.done()
 
 

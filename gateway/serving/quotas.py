@@ -1,6 +1,8 @@
-"""Per-session quotas: most requests, most generated tokens, most requests at once.
+"""Admission: at most `max_pending_requests` answers generating in the gateway, and
+per-session quotas (most requests, most generated tokens, most requests at once).
 
-Optional, set when the session is created (`quotas` in POST /v1/sessions). A request
+A request past the gateway's limit is a 429 `too_many_pending_requests`. Quotas are
+optional, set when the session is created (`quotas` in POST /v1/sessions). A request
 past one is a 429 with code `quota_exceeded` before any work is done. Requests and
 tokens are counted from the session's committed records, so every gateway replica
 sharing the database sees the same totals; requests still generating are counted by
@@ -9,11 +11,13 @@ the replica serving them (concurrency is a per-replica limit).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import APIError
-from gateway.store.repository import SessionInfo
+from gateway.metrics import Metrics
+from gateway.serving.turn import Turn
+from gateway.store.repository import Repository, SessionInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,69 @@ class QuotaGuard:
             self._inflight.pop(session_id, None)
         else:
             self._inflight[session_id] = left
+
+
+class Admission:
+    """The gate every request passes before it generates."""
+
+    def __init__(self, repo: Repository, metrics: Metrics, max_pending: int) -> None:
+        self.repo, self.metrics, self.max_pending = repo, metrics, max_pending
+        self.pending = 0  # answers generating now
+        self.quotas = QuotaGuard()
+
+    def admit(self, session: SessionInfo, turns: list[Turn], per_turn: int) -> Admitted:
+        """429 when the gateway is full or a session quota is spent; a session with a
+        token quota has each answer capped at the tokens it has left.
+
+        Synchronous: the checks and the counts they guard change together. So a
+        session with quotas reads its usage on the event loop (one indexed query, as a
+        key-cache miss does); an await between that read and the count would let a
+        request that finishes meanwhile be counted neither as recorded nor in flight."""
+        recorded = self.repo.session_usage(session.id) if session.quotas else None
+        n = len(turns) * per_turn
+        if self.pending + n > self.max_pending:
+            self.metrics.inc("turnstile_rejected_requests_total")
+            raise APIError(
+                429,
+                f"The gateway is already generating {self.pending} answers "
+                f"(limit {self.max_pending}); retry shortly.",
+                code="too_many_pending_requests",
+                headers={"retry-after": "1"},
+            )
+        self.pending += n
+        if recorded is None:
+            return Admitted(self, n)
+        try:
+            budget = self.quotas.reserve(session, n, recorded)
+        except APIError:
+            self.pending -= n
+            raise
+        if budget is not None:
+            for turn in turns:
+                cap = min(turn.params.max_new_tokens, budget)
+                turn.params = replace(turn.params, max_new_tokens=cap)
+        return Admitted(self, n, session.id)
+
+
+class Admitted:
+    """A request's share of the pending answers and of its session's quotas; released
+    exactly once."""
+
+    def __init__(self, gate: Admission, n: int, session_id: str | None = None) -> None:
+        self._gate, self._n, self._session_id = gate, n, session_id
+
+    def release(self) -> None:
+        if self._n:
+            self._gate.pending -= self._n
+            self._n = 0
+            if self._session_id is not None:
+                self._gate.quotas.release(self._session_id)
+
+    def __enter__(self) -> Admitted:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
 
 
 _WHAT = {

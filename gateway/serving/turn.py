@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
@@ -121,6 +121,13 @@ class Turn:
             raise ValueError("a turn made without messages has no conversation hash")
         return self.conversation.with_answer(message)
 
+    def force_sampling(self, forced: dict[str, Any]) -> None:
+        """The session's own sampling settings win over the request's; the record says
+        what was used (its request keeps the client's values under `client_sampling`)."""
+        self.params = replace(self.params, **forced)
+        asked = {k: self.request.get(k) for k in forced}
+        self.request = {**self.request, **forced, "client_sampling": asked}
+
 
 @dataclass(slots=True)
 class TextDelta:
@@ -145,6 +152,17 @@ class ChoiceOutput:
     stop_string: str | None = None  # the stop string that ended it, if one did
     queue_s: float = 0.0
     gen_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Answer:
+    """A finished choice: what is recorded, and what the reply shapes are built from."""
+
+    out: ChoiceOutput
+    finish_reason: str
+    response: dict[str, Any]  # the `response` column
+    answer_hash: str  # what a later turn continuing this answer is found by
+    message: dict[str, Any] | None = None  # the assistant message, where there is one
 
 
 def completion_record(

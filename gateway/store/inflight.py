@@ -1,6 +1,6 @@
 """Marks of requests still generating, shared by the replicas of one PostgreSQL store.
 
-A client retry is answered from the original's record (ServingCore.replay_of). Within
+A client retry is answered from the original's record (`Records.replay_of`). Within
 one process the retry waits on the original's future; when a load balancer sends the
 retry to another replica, that replica finds the original's mark here and waits until
 it is gone (the original recorded, or failed) or has expired. A mark is a lease: the

@@ -1,5 +1,5 @@
 """The one shape of a generating route: check the session key, parse the body, and hand
-the request to its endpoint's serving handler (`OpenAIServing.handle_request`).
+the request to its endpoint's serving handler (`ServingEndpoint.handle_request`).
 
 Written as one plain handler rather than FastAPI parameters and dependencies: this runs
 for every turn of every agent, and resolving three dependencies plus FastAPI's
@@ -42,7 +42,7 @@ def openai_route(
     tag: str = "openai",
     history: str | None = None,
 ) -> APIRouter:
-    """`POST /v1<path>`, served by `serving_cls` (any `OpenAIServing`, whatever its API).
+    """`POST /v1<path>`, served by `serving_cls` (any `ServingEndpoint`, whatever its API).
 
     `reply_model`: the type of a whole (non-streamed) answer, for the OpenAPI document;
     `more_errors`: statuses this endpoint answers beyond every generating route's;

@@ -337,8 +337,7 @@ def message(
     content: list[dict[str, Any]],
     stop_reason: str | None,
     stop_sequence: str | None,
-    input_tokens: int,
-    output_tokens: int,
+    tokens: dict[str, int],  # its `usage`
 ) -> dict[str, Any]:
     return {
         "id": message_id,
@@ -348,7 +347,7 @@ def message(
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": usage(input_tokens, output_tokens),
+        "usage": tokens,
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from gateway.chat.events import Event, ToolCall, content_events
+from gateway.chat.events import Event, ToolCall
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.anthropic.messages import protocol as p_
@@ -36,9 +36,9 @@ from gateway.entrypoints.anthropic.messages.protocol import (
 )
 from gateway.frozen import freeze
 from gateway.lru import LRU, HistoryMemo
-from gateway.serving.core import ServingCore
-from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, recorded_request
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, replay_stream
+from gateway.serving.generate import Sampling
+from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn
 from gateway.store.repository import SessionInfo
 
 # A system prompt that asks for a title of the conversation, with no tools
@@ -50,14 +50,10 @@ class MessageChoice(Choice):
     """The one choice of a message; its writer keeps the content blocks."""
 
     def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
-        super().__init__(0, parser, p.stream)
+        super().__init__(0, parser, True)  # (frames always: its writer keeps the answer)
         self.p = p
         self.writer: BlockWriter = p.context["writer"]
         self._started = False
-
-    def on_delta(self, delta: TextDelta) -> list[bytes]:
-        events = self.parser.feed(delta.text) if self.parser else content_events(delta.text)
-        return self.frames(events, delta)
 
     def on_end(self) -> list[bytes]:
         frames = self.frames(self.parser.finish() if self.parser else [], None)
@@ -75,7 +71,8 @@ class MessageChoice(Choice):
             return []
         self._started = True
         turn = self.p.turns[0]
-        start = p_.message(turn.ids[0], self.p.req.model, [], None, None, len(turn.prompt_ids), 0)
+        tokens = p_.usage(len(turn.prompt_ids), 0)
+        start = p_.message(turn.ids[0], self.p.req.model, [], None, None, tokens)
         return self.writer.start(start)
 
     def done(self, answer: Answer) -> list[bytes]:
@@ -83,20 +80,22 @@ class MessageChoice(Choice):
         return self.writer.finish(m["stop_reason"], m["stop_sequence"], m["usage"])
 
 
-class MessagesServing(OpenAIServing[MessagesRequest]):
+class MessagesServing(ServingEndpoint[MessagesRequest]):
     endpoint = "messages"
+    history_field = "messages"
+    FIELD = ("messages", "invalid_request")  # what a prompt error names
 
-    def __init__(self, core: ServingCore) -> None:
-        super().__init__(core)
+    def __init__(self, stages: Stages) -> None:
+        super().__init__(stages)
+        self.signing, self.repo = stages.signing, self.records.repo
+        size = self.config.parent_cache_size
         # (session id, message id) -> {tool_use id: arguments generated}: saves a DB read
         # per turn. By session too: a `toolu_` id names its answer, not who may read it
-        self._arguments: LRU[tuple[str, str], dict[str, str]] = LRU(core._recent.max_entries)
+        self._arguments: LRU[tuple[str, str], dict[str, str]] = LRU(size)
         # session id -> the model its agent talks to (a request naming another is a side one)
-        self._main_model: LRU[str, str] = LRU(core._recent.max_entries)
+        self._main_model: LRU[str, str] = LRU(size)
         # a history's (system prompt, chat form) (see `chat_of`)
-        self._chats: HistoryMemo[tuple[Any, list[dict[str, Any]]]] = HistoryMemo(
-            core._recent.max_entries
-        )
+        self._chats: HistoryMemo[tuple[Any, list[dict[str, Any]]]] = HistoryMemo(size)
 
     def validate(self, req: MessagesRequest) -> None:
         check_tool_choice(p_.chat_tool_choice(req.tool_choice), p_.chat_tools(req.tools))
@@ -120,44 +119,19 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         if hit is not None and hit[1][0] == req.system:
             start, (_, head) = hit
         known = await self._tool_arguments(session_id, p_.tool_use_ids(req, start))
-        await self.core.signing.refresh(p_.thinking_key_ids(req, start))
-        own_thinking = partial(self.core.signing.verify, p_.THINKING, session_id)
+        await self.signing.refresh(p_.thinking_key_ids(req, start))
+        own_thinking = partial(self.signing.verify, p_.THINKING, session_id)
         messages = p_.to_chat(req, known.get, own_thinking, start, head)
         _, messages = self._chats.put(req.messages, (req.system, messages))  # frozen
         return messages, p_.chat_tools(req.tools), p_.chat_tool_choice(req.tool_choice)
 
-    async def prepare(
-        self, req: MessagesRequest, session: SessionInfo, body_hash: str | None
-    ) -> Prepared:
+    async def prepare(self, req: MessagesRequest, session: SessionInfo) -> Prepared:
         messages, tools, tool_choice = await self.chat_of(req, session.id)
-        hashes, link = await self.core.link(session.id, messages, tools)
-        history = self.core.history_of(session)
-        prompt = self.core.render(
-            messages,
-            None if tool_choice == "none" else tools,
-            tool_choice,
-            param="messages",
-            code="invalid_request",
-            link=link,
-            history=history,
-        )
-        request = recorded_request(req, "messages")
-        turn = self.turn(
-            req,
-            session,
-            prompt.ids,
-            [p_.new_message_id()],
-            body_hash,
-            max_tokens=req.max_tokens,
-            stops=req.stop_sequences,
-            parent=link.parent if link else None,
-            request=request,
-            prompt=prompt,
-            history=history,
-            conversation=hashes,
-        )
+        prompt = await self.prompts.chat(session, messages, tools, tool_choice, self.FIELD)
+        sampling = Sampling(req.max_tokens, stops=req.stop_sequences)
+        turn = self.turn(req, session, prompt, [p_.new_message_id()], sampling)
         if turn.params.max_new_tokens < req.max_tokens:  # clamped, never a 400
-            request["max_tokens_clamped_to"] = turn.params.max_new_tokens
+            turn.request["max_tokens_clamped_to"] = turn.params.max_new_tokens
         turn.side_request = await self._is_side_request(req, session.id, tools)
         context = {
             "may_call": bool(tools) and tool_choice != "none",
@@ -167,18 +141,12 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any) -> int:
         """The prompt's length, rendered as a Messages request with them would be."""
-        prompt = self.core.render(
-            messages,
-            None if tool_choice == "none" else tools,
-            tool_choice,
-            param="messages",
-            code="invalid_request",
-        )
-        return len(prompt.ids)
+        shown = None if tool_choice == "none" else tools
+        return len(self.prompts.render(messages, shown, tool_choice, self.FIELD).ids)
 
     def _signer(self, session_id: str) -> Callable[[str], str]:
         """What signs this session's thinking blocks."""
-        return partial(self.core.signing.sign, p_.THINKING, session_id)
+        return partial(self.signing.sign, p_.THINKING, session_id)
 
     async def _tool_arguments(self, session_id: str, tool_ids: list[str]) -> dict[str, str]:
         """The generated arguments of the gateway's own tool calls among `tool_ids`."""
@@ -186,7 +154,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         for message_id in dict.fromkeys(filter(None, map(p_.message_of_tool_use, tool_ids))):
             arguments = self._arguments.get((session_id, message_id))
             if arguments is None:
-                row = await run_in_threadpool(self.core.repo.completion, session_id, message_id)
+                row = await run_in_threadpool(self.repo.completion, session_id, message_id)
                 if row is None or row["endpoint"] != self.endpoint:
                     continue
                 arguments = (row["response"] or {}).get("tool_arguments") or {}
@@ -194,7 +162,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             found.update(arguments)
         restored = sum(1 for t in tool_ids if t in found)
         if restored:
-            self.core.metrics.inc("turnstile_tool_inputs_restored_total", restored)
+            self.records.metrics.inc("turnstile_tool_inputs_restored_total", restored)
         return found
 
     async def _is_side_request(
@@ -206,7 +174,7 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
             return True
         main = self._main_model.get(session_id)
         if main is None:
-            main = await run_in_threadpool(self.core.repo.main_model, session_id, self.endpoint)
+            main = await run_in_threadpool(self.repo.main_model, session_id, self.endpoint)
             if main is None:  # this is the session's first main request
                 self._main_model.put(session_id, req.model)
                 return False
@@ -214,29 +182,21 @@ class MessagesServing(OpenAIServing[MessagesRequest]):
         return req.model != main
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return MessageChoice(p, self.core.output_parser(turn.prompt_text, p.context["may_call"]))
+        return MessageChoice(
+            p, self.generator.output_parser(turn.prompt_text, p.context["may_call"])
+        )
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, MessageChoice)
-        parser, writer = choice.parser, choice.writer
-        content, calls = (out.text, []) if parser is None else (parser.content, parser.tool_calls)
-        reason = p_.stop_reason(out.finish_reason, bool(calls), out.stop_string)
+        writer = choice.writer
+        message = choice.message(out)  # (its calls' ids are the writer's toolu_ ones by now)
+        calls = "tool_calls" in message
+        reason = p_.stop_reason(out.finish_reason, calls, out.stop_string)
         finish = "tool_calls" if reason == "tool_use" else out.finish_reason
         stop_sequence = out.stop_string if reason == "stop_sequence" else None
-        body = p_.message(
-            turn.ids[0],
-            p.req.model,
-            writer.blocks,
-            reason,
-            stop_sequence,
-            len(turn.prompt_ids),
-            len(out.output_ids),
-        )
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if parser is not None and parser.reasoning is not None:
-            message["reasoning_content"] = parser.reasoning
-        if calls:  # (their ids are the writer's toolu_ ones by now)
-            message["tool_calls"] = [c.to_openai() for c in calls]
+        tokens = p_.usage(len(turn.prompt_ids), len(out.output_ids))
+        body = p_.message(turn.ids[0], p.req.model, writer.blocks, reason, stop_sequence, tokens)
+        if calls:
             self._arguments.put((turn.session_id, turn.ids[0]), freeze(writer.tool_arguments))
         if not turn.side_request:
             self._main_model.put(turn.session_id, p.req.model)

@@ -23,10 +23,9 @@ from gateway.entrypoints.openai.chat_completion.protocol import (
     ChatShapes,
     ChunkWriter,
 )
-from gateway.errors import APIError
-from gateway.serving.core import ServingCore
-from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, choice_ids, recorded_request
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, replay_stream
+from gateway.serving.generate import Sampling
+from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn, choice_ids
 from gateway.store.repository import SessionInfo
 
 
@@ -44,72 +43,41 @@ class ChatChoice(Choice):
         return [self.writer.finish(self.index, answer.finish_reason)]
 
 
-class ChatCompletionServing(OpenAIServing[ChatCompletionRequest]):
+class ChatCompletionServing(ServingEndpoint[ChatCompletionRequest]):
     endpoint = "chat.completions"
+    history_field = "messages"
+    FIELD = ("messages", "invalid_messages")  # what a prompt error names
 
-    def __init__(self, core: ServingCore) -> None:
-        super().__init__(core)
-        self.shapes = ChatShapes(core.renderer.tokenizer)
+    def __init__(self, stages: Stages) -> None:
+        super().__init__(stages)
+        self.shapes = ChatShapes(self.prompts.renderer.tokenizer)
 
     def validate(self, req: ChatCompletionRequest) -> None:
-        if req.n > self.core.max_n:
-            raise APIError(
-                422,
-                f"n={req.n} is more than this gateway serves in one request ({self.core.max_n}).",
-                code="n_too_large",
-                param="n",
-                retryable=False,
-            )
         check_tool_choice(req.tool_choice, req.tools)
 
     def num_choices(self, req: ChatCompletionRequest) -> int:
         return req.n
 
-    async def prepare(
-        self, req: ChatCompletionRequest, session: SessionInfo, body_hash: str | None
-    ) -> Prepared:
-        tools = None if req.tool_choice == "none" else req.tools
-        hashes, link = await self.core.link(session.id, req.messages, req.tools)
-        history = self.core.history_of(session)
-        prompt = self.core.render(
-            req.messages, tools, req.tool_choice, param="messages", code="invalid_messages",
-            link=link, history=history,
-        )  # fmt: skip
-        turn = self.turn(
-            req,
-            session,
-            prompt.ids,
-            choice_ids("chatcmpl", req.n),
-            body_hash,
-            request=recorded_request(req, "messages"),
-            max_tokens=req.max_completion_tokens or req.max_tokens,
-            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
-            stops=req.stop_strings(),
-            parent=link.parent if link else None,
-            prompt=prompt,
-            history=history,
-            conversation=hashes,
-        )
+    async def prepare(self, req: ChatCompletionRequest, session: SessionInfo) -> Prepared:
+        messages, tools = req.messages, req.tools
+        prompt = await self.prompts.chat(session, messages, tools, req.tool_choice, self.FIELD)
+        top_logprobs = (req.top_logprobs or 0) if req.logprobs else 0
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        sampling = Sampling(max_tokens, top_logprobs, req.stop_strings())
+        turn = self.turn(req, session, prompt, choice_ids("chatcmpl", req.n), sampling)
         p = Prepared(req, [turn], per_turn=req.n, stream=req.stream)
         if req.stream:
             p.context["writer"] = ChunkWriter(req, turn.ids[0], self.shapes)
         return p
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        parser = self.core.output_parser(turn.prompt_text, p.req.may_call_tools())
+        parser = self.generator.output_parser(turn.prompt_text, p.req.may_call_tools())
         return ChatChoice(index, p, parser)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
-        parser, finish = choice.parser, out.finish_reason
-        if parser is None:
-            message: dict[str, Any] = {"role": "assistant", "content": out.text}
-        else:
-            message = {"role": "assistant", "content": parser.content}
-            if parser.reasoning is not None:
-                message["reasoning_content"] = parser.reasoning
-            if parser.tool_calls:
-                message["tool_calls"] = [tc.to_openai() for tc in parser.tool_calls]
-                finish = "tool_calls" if finish == "stop" else finish
+        message, finish = choice.message(out), out.finish_reason
+        if "tool_calls" in message and finish == "stop":
+            finish = "tool_calls"
         answer_hash = turn.answer_hash(message)
         return Answer(out, finish, {"message": message}, answer_hash, message)
 

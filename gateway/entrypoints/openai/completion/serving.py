@@ -14,9 +14,10 @@ from typing import Any
 from gateway.chat.events import Event
 from gateway.entrypoints.openai.completion.protocol import CompletionRequest, CompletionShapes
 from gateway.errors import APIError
-from gateway.serving.core import ServingCore
-from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, choice_ids
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, replay_stream
+from gateway.serving.generate import Sampling
+from gateway.serving.prompt import Prompt
+from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn, choice_ids
 from gateway.sse import SSE_DONE
 from gateway.store.repository import SessionInfo
 
@@ -38,24 +39,15 @@ class CompletionChoice(Choice):
         return [self.shapes.chunk(self.p.req, cid, self.index, "", answer.finish_reason)]
 
 
-class CompletionServing(OpenAIServing[CompletionRequest]):
+class CompletionServing(ServingEndpoint[CompletionRequest]):
     endpoint = "completions"
 
-    def __init__(self, core: ServingCore) -> None:
-        super().__init__(core)
-        self.tokenizer = core.renderer.tokenizer
+    def __init__(self, stages: Stages) -> None:
+        super().__init__(stages)
+        self.tokenizer = self.prompts.renderer.tokenizer
         self.shapes = CompletionShapes(self.tokenizer)
 
     def validate(self, req: CompletionRequest) -> None:
-        total = self.num_choices(req)
-        if total > self.core.max_n:
-            raise APIError(
-                422,
-                f"{total} choices (prompts x n) is more than this gateway serves in one request ({self.core.max_n}).",
-                code="n_too_large",
-                param="n",
-                retryable=False,
-            )
         if req.echo and req.logprobs is not None:
             raise APIError(
                 400,
@@ -68,39 +60,21 @@ class CompletionServing(OpenAIServing[CompletionRequest]):
     def num_choices(self, req: CompletionRequest) -> int:
         return len(req.prompts()) * req.n
 
-    async def prepare(
-        self, req: CompletionRequest, session: SessionInfo, body_hash: str | None
-    ) -> Prepared:
+    async def prepare(self, req: CompletionRequest, session: SessionInfo) -> Prepared:
         ids = choice_ids("cmpl", self.num_choices(req))
+        sampling = Sampling(req.max_tokens, req.logprobs or 0, req.stop_strings())
         turns = [
-            self._turn(req, session, prompt, ids[k * req.n : (k + 1) * req.n], body_hash)
+            self.turn(
+                req, session, self._prompt(prompt), ids[k * req.n : (k + 1) * req.n], sampling
+            )
             for k, prompt in enumerate(req.prompts())
         ]
         return Prepared(req, turns, per_turn=req.n, stream=req.stream, context={"id": ids[0]})
 
-    def _turn(
-        self,
-        req: CompletionRequest,
-        session: SessionInfo,
-        prompt: str | list[int],
-        ids: list[str],
-        body_hash: str | None,
-    ) -> Turn:
-        return self.turn(
-            req,
-            session,
-            self._prompt_ids(prompt),
-            ids,
-            body_hash,
-            max_tokens=req.max_tokens,
-            top_logprobs=req.logprobs or 0,
-            stops=req.stop_strings(),
-            param="prompt",
-        )
-
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def _prompt(self, prompt: str | list[int]) -> Prompt:
+        """A raw prompt: no chat template, no parent (its ids go to the engine as given)."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False)
+            return Prompt(self.tokenizer.encode(prompt, add_special_tokens=False), "prompt")
         vocab = len(self.tokenizer)
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
@@ -111,7 +85,7 @@ class CompletionServing(OpenAIServing[CompletionRequest]):
                 param="prompt",
                 retryable=False,
             )
-        return list(prompt)
+        return Prompt(list(prompt), "prompt")
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
         return CompletionChoice(index, p, self.shapes)

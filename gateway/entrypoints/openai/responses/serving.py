@@ -25,7 +25,7 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
-from gateway.chat.events import Event, ToolCall, content_events
+from gateway.chat.events import Event, ToolCall
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.responses.events import EventWriter
@@ -38,8 +38,10 @@ from gateway.entrypoints.openai.responses.protocol import (
     to_messages,
 )
 from gateway.errors import APIError
-from gateway.serving.endpoint import Answer, Choice, OpenAIServing, Prepared, replay_stream
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, recorded_request
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, replay_stream
+from gateway.serving.generate import Sampling
+from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn
+from gateway.store.repository import SessionInfo
 
 
 def new_response_id() -> str:
@@ -50,15 +52,11 @@ class ResponseChoice(Choice):
     """The one choice of a response; its writer keeps the output items (and their ids)."""
 
     def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
-        super().__init__(0, parser, p.stream)
+        super().__init__(0, parser, True)  # (frames always: its writer keeps the answer)
         self.ctx: ResponseContext = p.context["shape"]
         self.writer: EventWriter = p.context["writer"]
         self.response: Response | None = None
         self._started = False
-
-    def on_delta(self, delta: TextDelta) -> list[bytes]:
-        events = self.parser.feed(delta.text) if self.parser else content_events(delta.text)
-        return self.frames(events, delta)
 
     def on_end(self) -> list[bytes]:
         frames = self.frames(self.parser.finish() if self.parser else [], None)
@@ -83,8 +81,10 @@ class ResponseChoice(Choice):
         return [self.writer.finish(self.response)]
 
 
-class ResponsesServing(OpenAIServing[ResponsesRequest]):
+class ResponsesServing(ServingEndpoint[ResponsesRequest]):
     endpoint = "responses"
+    history_field = "input"
+    FIELD = ("input", "invalid_input")  # what a prompt error names
 
     def validate(self, req: ResponsesRequest) -> None:
         check_tool_choice(req.tool_choice, chat_tools(req.tools))
@@ -92,40 +92,17 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
     def num_choices(self, req: ResponsesRequest) -> int:
         return 1
 
-    async def prepare(self, req: ResponsesRequest, session: Any, body_hash: str | None) -> Prepared:
+    async def prepare(self, req: ResponsesRequest, session: SessionInfo) -> Prepared:
         tools = chat_tools(req.tools)
         items = input_items(req.input)
         if req.previous_response_id is not None:
             items = await self._previous_items(session.id, req.previous_response_id) + items
         messages = to_messages(items, req.instructions)
-        hashes, link = await self.core.link(session.id, messages, tools)
-        history = self.core.history_of(session)
-        prompt = self.core.render(
-            messages,
-            None if req.tool_choice == "none" else tools,
-            req.tool_choice,
-            param="input",
-            code="invalid_input",
-            link=link,
-            history=history,
-        )
-        request = recorded_request(req, "input")
+        prompt = await self.prompts.chat(session, messages, tools, req.tool_choice, self.FIELD)
+        sampling = Sampling(req.max_output_tokens)
+        turn = self.turn(req, session, prompt, [new_response_id()], sampling)
         if req.previous_response_id is not None:
-            request["resolved_input"] = items  # what a later previous_response_id continues
-        turn = self.turn(
-            req,
-            session,
-            prompt.ids,
-            [new_response_id()],
-            body_hash,
-            max_tokens=req.max_output_tokens,
-            parent=link.parent if link else None,
-            request=request,
-            param="input",
-            prompt=prompt,
-            history=history,
-            conversation=hashes,
-        )
+            turn.request["resolved_input"] = items  # what a later previous_response_id continues
         params = turn.params
         shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
         context = {
@@ -137,7 +114,7 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
 
     async def _previous_items(self, session_id: str, response_id: str) -> list[dict[str, Any]]:
         """The input and output items of an earlier response of this same session."""
-        row = await run_in_threadpool(self.core.repo.completion, session_id, response_id)
+        row = await run_in_threadpool(self.records.repo.completion, session_id, response_id)
         if row is None or row["endpoint"] != self.endpoint:
             raise APIError(
                 404,
@@ -152,21 +129,16 @@ class ResponsesServing(OpenAIServing[ResponsesRequest]):
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
         may_call = bool(p.context["tools"]) and p.req.tool_choice != "none"
-        return ResponseChoice(p, self.core.output_parser(turn.prompt_text, may_call))
+        return ResponseChoice(p, self.generator.output_parser(turn.prompt_text, may_call))
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, ResponseChoice)
-        parser = choice.parser
-        content, calls = (out.text, []) if parser is None else (parser.content, parser.tool_calls)
+        message = choice.message(out)
+        calls = "tool_calls" in message
         finish = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         status = "incomplete" if out.finish_reason == "length" else "completed"
         tokens = (len(turn.prompt_ids), len(out.output_ids))
         choice.response = choice.ctx.response(status, list(choice.writer.items), tokens)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if parser is not None and parser.reasoning is not None:
-            message["reasoning_content"] = parser.reasoning
-        if calls:
-            message["tool_calls"] = [c.to_openai() for c in calls]
         answer_hash = turn.answer_hash(message)
         return Answer(out, finish, dump(choice.response), answer_hash, message)
 
