@@ -141,3 +141,40 @@ def test_a_gateway_bound_to_every_interface_names_a_reachable_address() -> None:
     assert reachable_host("10.1.2.3") == "10.1.2.3"
     for wildcard in ("0.0.0.0", "::"):
         assert reachable_host(wildcard) not in ("0.0.0.0", "::", "")
+
+
+def test_the_trainer_starts_replicas_as_ray_actors_and_trains_through_them(
+    postgres, tmp_path, tiny_model
+) -> None:
+    ray = pytest.importorskip("ray", reason="Ray is the optional extra turnstile-rl[ray]")
+    database = postgres.create_database()
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "model": str(tiny_model),
+        "total_steps": 2,
+        "rollout": {"batch_size": 1, "group_size": 2},
+        "gateway": {"ray_replicas": 2, "database": database, "default_max_tokens": 6},
+        "train": {"lr": 1e-3, "micro_batch_tokens": 512},
+        "tensorboard": False,
+    }
+    try:
+        result = Trainer(cfg).train(workflow=RandomRewardAgent, dataset=rows())
+    finally:
+        ray.shutdown()
+    metrics = [json.loads(line) for line in result.metrics.read_text().splitlines()]
+    assert all(m["episodes"] == 2 and m["episode_errors"] == 0 for m in metrics)
+    db = sa.create_engine(database)
+    with db.connect() as conn:
+        meta = dict(conn.execute(sa.text("SELECT id, metadata FROM sessions")).all())
+        versions = list(
+            conn.execute(sa.text("SELECT session_id, output_versions FROM completions"))
+        )
+    db.dispose()
+    # two replicas (each its own URL), a session each per step; step 2 sampled version 1
+    gateways = {
+        json.loads(m)["gateway"] if isinstance(m, str) else m["gateway"] for m in meta.values()
+    }
+    assert len(gateways) == 2
+    for sid, blob in versions:
+        step = 0 if sid in metrics[0]["sessions"] else 1
+        assert set(unpack_ints(blob)) == {step}

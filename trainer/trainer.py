@@ -82,6 +82,7 @@ class Trainer:
         self.gateway: Any = None  # gateway.server.BackgroundGateway on rank 0
         # gateway.urls: replicas the trainer did not start (trainer/rollout/gateways.py)
         self.remote: RemoteGateways | None = None
+        self._gateway_actors: Any = None  # gateway.ray_replicas (gateway_actors.py)
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
         self._stopped_early = False
@@ -124,8 +125,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model_dir = self._model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
-        if cfg.gateway.urls:
-            self.remote = self._remote_gateways(kind)
+        if cfg.gateway.urls or cfg.gateway.ray_replicas:
+            self.remote = self._remote_gateways(kind, model_dir, admin_key)
         elif main:
             self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
             print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
@@ -161,6 +162,8 @@ class Trainer:
                 self.gateway.stop()
             if self.remote is not None:
                 self.remote.close()
+            if self._gateway_actors is not None:
+                self._gateway_actors.stop()
         distributed.barrier()
         if not main:
             return TrainResult(
@@ -286,17 +289,40 @@ class Trainer:
             url += f"?key={admin_key}"
         return url
 
-    def _remote_gateways(self, kind: str) -> RemoteGateways:
-        """`gateway.urls`: gateways already running (replicas of one store); rank 0
-        checks each answers its admin key before any model loads."""
+    def _remote_gateways(self, kind: str, model_dir: Path, admin_key: str) -> RemoteGateways:
+        """Replicas of one store: `gateway.urls` (already running) or `gateway.ray_replicas`
+        (started here as Ray actors, by rank 0). Rank 0 checks each answers the admin
+        key before training starts."""
+        gw = self.config.gateway
         if kind != "agent":
             raise WorkflowError(
-                "gateway.urls serves agents over HTTP (`async def run(data, **extra_kwargs)`);"
-                " token-level workflows and queue agents need the gateway the trainer starts"
+                "gateway.urls and gateway.ray_replicas serve agents over HTTP (`async def "
+                "run(data, **extra_kwargs)`); token-level workflows and queue agents need "
+                "the gateway the trainer starts"
             )
-        remote = RemoteGateways(self.config.gateway.urls, self.config.gateway.admin_key)
+        if gw.urls and gw.ray_replicas:
+            raise WorkflowError("set gateway.urls or gateway.ray_replicas, not both")
+        if not gw.ray_replicas:
+            remote = RemoteGateways(gw.urls, gw.admin_key)
+        elif not distributed.is_main():  # only rank 0 talks to the gateways
+            return RemoteGateways([], admin_key)
+        else:
+            from dataclasses import replace
+
+            from trainer.rollout.gateway_actors import GatewayActors
+
+            settings = replace(gw, model=str(model_dir), device=self.config.device)
+            self._gateway_actors = GatewayActors(
+                gw.ray_replicas, settings, admin_key, self.config.ray.address, gw.ray_resources
+            )
+            remote = RemoteGateways(self._gateway_actors.urls, admin_key)
         if distributed.is_main():
-            versions = remote.check()
+            try:
+                versions = remote.check()
+            except BaseException:
+                if self._gateway_actors is not None:
+                    self._gateway_actors.stop()
+                raise
             print(f"gateways: {', '.join(remote.urls)} (policy versions {versions})", flush=True)
         return remote
 

@@ -24,6 +24,15 @@ class TrainerGatewayConfig(GatewayConfig):
         "their /v1 URLs): each session sticks to one, every one gets the new weights "
         "(pushed without disk); `admin_key` is theirs. Empty: the trainer starts its own",
     )
+    ray_replicas: int = setting(
+        0,
+        "start this many gateway replicas as Ray actors (on the `ray.address` cluster, "
+        "each bound to its node's address, all on the PostgreSQL `database`) and use "
+        "them as `urls`; 0: none",
+    )
+    ray_resources: dict[str, float] = setting(
+        {}, "what each of those replicas asks of the cluster, e.g. {gateway: 1}"
+    )
 
 
 @dataclass
