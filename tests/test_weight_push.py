@@ -183,3 +183,51 @@ def test_push_to_an_embedded_gateway_in_another_process(tmp_path: Path) -> None:
             f"{first.seconds:.2f} s (group formed in {first.join_s:.2f} s), "
             f"then {second.seconds:.2f} s"
         )
+
+
+# ---- the trainer's choice -------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("weight_sync", ["push", "disk"])
+def test_training_step_reaches_the_engine_by_push_or_by_the_named_disk_path(
+    tmp_path: Path, weight_sync: str
+) -> None:
+    """`gateway.weight_sync: push` sends the step's weights through the gateway's admin
+    routes over gloo (the path vLLM servers and gateway.urls take by default), `disk`
+    through a folder; either way the engine then holds exactly the trained weights."""
+    from trainer_helpers import RandomRewardAgent, rows
+
+    from trainer.api import Trainer
+
+    config = {
+        "run_dir": str(tmp_path / "run"),
+        "total_steps": 1,
+        "rollout": {"batch_size": 1, "group_size": 2},
+        "gateway": {"default_max_tokens": 4, "weight_sync": weight_sync},
+        "train": {"lr": 1e-3, "zero_stage": 0, "micro_batch_tokens": 1024},
+        "workflow_kwargs": {"max_tokens": 4},
+    }
+    trainer = Trainer(config)
+    assert trainer._weight_sync() == weight_sync
+    same: list[bool] = []
+    sync = trainer._sync_weights
+
+    def sync_and_look(version: int) -> None:  # the engine's weights right after the sync
+        sync(version)
+        served = trainer.gateway.engine.model.state_dict()
+        trained = trainer.policy.full_state_dict()
+        same.append(served.keys() == trained.keys())
+        same.extend(torch.equal(served[k], trained[k]) for k in trained)
+
+    trainer._sync_weights = sync_and_look
+    result = trainer.train(workflow=RandomRewardAgent, dataset=rows(2))
+    assert result.policy_version == 1
+    assert len(same) > 100 and all(same)
+    assert (tmp_path / "run" / "weights").exists() == (weight_sync == "disk")
+    assert trainer._push is None or trainer._push._group is None  # left its group at the end
+
+
+def test_a_weight_sync_nobody_knows_is_a_config_error() -> None:
+    from trainer.api.config import ConfigError, TrainerGatewayConfig
+
+    with pytest.raises(ConfigError, match="gateway.weight_sync must be auto, push or disk"):
+        TrainerGatewayConfig(weight_sync="nfs")

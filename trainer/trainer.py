@@ -86,6 +86,7 @@ class Trainer:
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
         self._stopped_early = False
+        self._push: Any = None  # weight_push.WeightPush to the trainer's own gateway
         self._started = time.perf_counter()
         self._best: tuple[dict[str, Any], Path | None] | None = None
 
@@ -158,6 +159,8 @@ class Trainer:
         finally:
             if runlog is not None:
                 runlog.close()
+            if self._push is not None:
+                self._push.shutdown()
             if self.gateway is not None:
                 self.gateway.stop()
             if self.remote is not None:
@@ -681,26 +684,61 @@ class Trainer:
         return stats
 
     def _sync_weights(self, version: int) -> None:
-        """New weights to the inference engine, the way its registry entry takes them:
-        tensors in memory, or a Hugging Face folder it loads. Collective: every rank."""
+        """New weights to every engine, as `_weight_sync` says: a state dict in memory
+        (an engine in this process), a push from rank 0 without disk (weight_push.py),
+        or a Hugging Face folder each engine loads. Collective: every rank."""
         from gateway.inference.base import WeightUpdate
-        from gateway.inference.registry import engine_spec
 
-        if self.remote is not None or engine_spec(self.config.gateway.engine).weights == "memory":
-            update = WeightUpdate(version, state_dict=self.policy.full_state_dict())
-        else:
+        how = self._weight_sync()
+        if how == "disk":
             path = Path(self.config.run_dir) / "weights" / f"v{version}"
             update = WeightUpdate(version, path=str(self.policy.save_hf(path)))
-        if self.remote is not None and distributed.is_main():
-            assert update.state_dict is not None
-            self.remote.push(version, update.state_dict)  # every replica's engines, no disk
-        if self.gateway is not None:
-            self.gateway.call(self.gateway.engine.update_weights(update))
+        else:
+            update = WeightUpdate(version, state_dict=self.policy.full_state_dict())
+        if distributed.is_main():
+            if how == "push":
+                assert update.state_dict is not None
+                self._pusher().push(version, update.state_dict)
+            elif self.remote is not None:
+                from trainer.backend.weight_push import load_folder
+
+                assert update.path is not None
+                load_folder(self.remote.urls, self.remote.admin_key, version, update.path)
+            elif self.gateway is not None:
+                self.gateway.call(self.gateway.engine.update_weights(update))
             if update.path is not None:
                 for old in Path(update.path).parent.glob("v*"):
                     if old != Path(update.path):
                         shutil.rmtree(old, ignore_errors=True)
         self.version = version
+
+    def _weight_sync(self) -> str:
+        """memory | push | disk: `gateway.weight_sync`, or with auto the engine's own way
+        (its registry entry); gateways the trainer did not start always get a push."""
+        from gateway.inference.registry import engine_spec
+
+        named = self.config.gateway.weight_sync
+        if named == "disk":
+            return "disk"
+        if self.remote is not None:
+            return "push"
+        default = engine_spec(self.config.gateway.engine).weights
+        if named == "push" and default == "disk":
+            raise WorkflowError(
+                f"the {self.config.gateway.engine!r} engine takes no weight push: "
+                "set gateway.weight_sync: disk (or auto)"
+            )
+        return "push" if named == "push" else default
+
+    def _pusher(self) -> Any:
+        """Who pushes: the replicas' (gateway.urls), or one to the trainer's own gateway."""
+        if self.remote is not None:
+            return self.remote
+        if self._push is None:
+            from trainer.backend.weight_push import WeightPush
+
+            self._push = WeightPush([self.gateway.url], self.gateway.config.admin_key)
+        return self._push
 
     def _save_checkpoint(self, step: int, data_state: dict[str, Any]) -> None:
         ckpt = self._checkpoint_dir()

@@ -1,8 +1,10 @@
 """Inference engines by name: one table feeds the factory, the CLI and the trainer.
 
 Adding an engine is one module plus one `@register_inference_engine` builder here.
-`weights` says how the trainer hands it new weights: "memory" (a state dict, for an
-engine in the trainer's own process) or "disk" (a Hugging Face folder it loads).
+`weights` says how the trainer hands it new weights by default: "memory" (a state
+dict, for an engine in the trainer's own process), "push" (broadcast from trainer rank 0
+into the servers' workers, no disk: weight_receiver.py) or "disk" (a Hugging Face folder
+it loads; any engine's fallback when `gateway.weight_sync: disk` names it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ Builder = Callable[[GatewayConfig], InferenceEngine]
 class EngineSpec:
     name: str
     build: Builder
-    weights: Literal["memory", "disk"]
+    weights: Literal["memory", "push", "disk"]
     trainable: bool  # can the trainer push new weights to it
     help: str
 
@@ -33,7 +35,11 @@ engine_spec = INFERENCE_ENGINES.lookup
 
 
 def register_inference_engine(
-    name: str, *, weights: Literal["memory", "disk"], trainable: bool = True, help: str = ""
+    name: str,
+    *,
+    weights: Literal["memory", "push", "disk"],
+    trainable: bool = True,
+    help: str = "",
 ) -> Callable[[Builder], Builder]:
     def register(build: Builder) -> Builder:
         INFERENCE_ENGINES.add(name, EngineSpec(name, build, weights, trainable, help))
@@ -71,7 +77,7 @@ def _sglang(config: GatewayConfig) -> InferenceEngine:
     )
 
 
-@register_inference_engine("vllm", weights="disk", help="vLLM servers (token-in/token-out API)")
+@register_inference_engine("vllm", weights="push", help="vLLM servers (token-in/token-out API)")
 def _vllm(config: GatewayConfig) -> InferenceEngine:
     from gateway.inference.vllm import VLLMEngine
 

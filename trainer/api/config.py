@@ -24,6 +24,20 @@ class TrainerGatewayConfig(GatewayConfig):
         "their /v1 URLs): each session sticks to one, every one gets the new weights "
         "(pushed without disk); `admin_key` is theirs. Empty: the trainer starts its own",
     )
+    weight_sync: str = setting(
+        "auto",
+        "how each step's weights reach the engines: auto (an engine in the trainer's "
+        "process takes them in memory; vLLM servers and gateway.urls get a push from rank "
+        "0 without disk, gloo on CPU, NCCL on GPU; SGLang loads a folder), push, or disk "
+        "(a Hugging Face folder under run_dir/weights that every engine loads: it must "
+        "be readable where they run)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.weight_sync not in ("auto", "push", "disk"):
+            raise ConfigError(
+                f"gateway.weight_sync must be auto, push or disk; got {self.weight_sync!r}"
+            )
     ray_replicas: int = setting(
         0,
         "start this many gateway replicas as Ray actors (on the `ray.address` cluster, "

@@ -222,3 +222,19 @@ def push_weights(
     """One push to every gateway, in a group formed for it and closed after."""
     with WeightPush(gateway_urls, admin_key, **kwargs) as pusher:
         return pusher.push(version, named_tensors)
+
+
+def load_folder(
+    gateway_urls: Sequence[str], admin_key: str, version: int, path: str, timeout_s: float = 1800
+) -> None:
+    """The disk fallback for gateways the trainer did not start: each loads the Hugging
+    Face folder `path` (`POST /admin/weights`), which must be readable where it runs."""
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with httpx.Client(timeout=timeout_s) as http:
+        for url in gateway_urls:
+            r = http.post(
+                f"{gateway_root(url)}/admin/weights",
+                json={"version": version, "path": str(path)},
+                headers=headers,
+            )
+            WeightPush._answer(gateway_root(url), r)
