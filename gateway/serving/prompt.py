@@ -69,7 +69,10 @@ class Prompts:
             raise ValueError(f"history {config.history!r}: one of {HISTORY_MODES}")
         self.history = config.history
         self.max_n = config.max_n
-        # (session id, answer hash) -> parent; saves a DB read per turn.
+        # (session id, answer hash) -> parent; saves a DB read per turn. Its request's
+        # history is frozen (gateway/frozen.py) and its prompt ids are a TokenIds where
+        # rendered; the rest (request fields, output ids, lists' JSON) is only read, by
+        # convention, not enforced.
         self.recent: LRU[tuple[str, str], Parent] = LRU(
             config.parent_cache_size,
             max_weight=config.parent_cache_tokens,
@@ -77,7 +80,7 @@ class Prompts:
         )
         # (session id, messages before the answer) -> the answers' hashes, newest last:
         # where a request's conversation hash resumes from (`_link`)
-        self._answered: LRU[tuple[str, int], list[str]] = LRU(config.parent_cache_size)
+        self._answered: LRU[tuple[str, int], tuple[str, ...]] = LRU(config.parent_cache_size)
 
     async def chat(
         self,
@@ -156,9 +159,9 @@ class Prompts:
         self.recent.put((turn.session_id, answer_hash), parent)
         if resume is not None:
             key = (turn.session_id, len(resume.messages))
-            answered = self._answered.get(key) or []
+            answered = self._answered.get(key) or ()
             # one entry per choice of a request; a few more for re-sent turns
-            self._answered.put(key, [*answered[-2 * self.max_n :], answer_hash])
+            self._answered.put(key, (*answered[-2 * self.max_n :], answer_hash))
 
     # ---- link ------------------------------------------------------------------------
     async def _link(
