@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from bench.procs import Child
+
 
 @dataclass
 class Node:
@@ -34,7 +36,7 @@ class Node:
 class TwoNodes:
     work: Path
     tag: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
@@ -62,8 +64,8 @@ class TwoNodes:
 
     def down(self) -> None:
         """Stop every child, then anything left in the namespaces, then remove them."""
-        for proc in self.procs:
-            _stop(proc.pid)
+        for child in reversed(self.children):
+            child.stop()
         for node in (self.a, self.b):
             done = subprocess.run(
                 ["ip", "netns", "pids", node.name], capture_output=True, text=True
@@ -81,19 +83,12 @@ class TwoNodes:
         self.down()
 
     # ---- processes ---------------------------------------------------------------------
-    def start(
-        self, node: Node, name: str, argv: Sequence[str], env: dict[str, str]
-    ) -> subprocess.Popen:
-        """`argv` inside `node`'s namespace, as a child in its own session, its output
-        in <work>/<name>.log."""
-        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", node.name, *argv],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        log.close()
-        self.procs.append(proc)
-        return proc
+    def start(self, node: Node, name: str, argv: Sequence[str], env: dict[str, str]) -> Child:
+        """`argv` inside `node`'s namespace, as a child in its own session (bench/procs.py),
+        its output in <work>/<name>.log."""
+        child = Child(name, ["ip", "netns", "exec", node.name, *argv], self.work, env)
+        self.children.append(child)
+        return child
 
     def run(self, node: Node, argv: Sequence[str], timeout_s: float = 60) -> str:
         """A short command inside `node`'s namespace; its stdout."""

@@ -101,12 +101,9 @@ def test_agents_gateways_and_trainer_ranks_across_two_nodes(postgres, tmp_path, 
         def check_alive(*names_procs) -> None:  # type: ignore[no-untyped-def]
             for name, proc in names_procs:
                 # a dead rank's torchrun waits minutes for the other node: fail now
-                if (
-                    proc.poll() is not None
-                    or "[rank" in nodes.log(name)
-                    and "Traceback" in nodes.log(name)
-                ):
-                    pytest.fail(f"{name} failed ({proc.poll()}):\n{nodes.logs()}")
+                log = nodes.log(name)
+                if not proc.alive() or ("[rank" in log and "Traceback" in log):
+                    pytest.fail(f"{name} failed ({proc.popen.poll()}):\n{nodes.logs()}")
 
         # ---- a Ray node on each ----------------------------------------------------------
         ray_node = {"NUM_CPUS": "1", "OBJECT_STORE_BYTES": str(80 * 2**20)}
@@ -216,10 +213,10 @@ def test_agents_gateways_and_trainer_ranks_across_two_nodes(postgres, tmp_path, 
         (reports / "release").touch()  # for nothing: no episode is run again
         for name, proc in ranks:
             try:
-                proc.wait(timeout=240)
+                proc.popen.wait(timeout=240)
             except Exception:
                 pytest.fail(f"{name} did not finish after node B died:\n{nodes.log(name)}")
-            assert proc.returncode == 0, f"{name} failed:\n{nodes.log(name)}"
+            assert proc.popen.returncode == 0, f"{name} failed:\n{nodes.log(name)}"
         committed = {}
         for url, (node, _) in gateways.items():
             page = nodes.run(node, [sys.executable, "-c",

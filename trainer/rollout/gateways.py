@@ -24,10 +24,9 @@ from trainer.rollout.gateway_admin import GatewayAdmin
 
 def v1_url(url: str) -> str:
     """A gateway's OpenAI base URL (…/v1), given with or without it."""
-    url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
-    return url if url.endswith("/v1") else f"{url}/v1"
+    from trainer.backend.weight_push import gateway_root
+
+    return f"{gateway_root(url)}/v1"
 
 
 class GatewayPicker:
