@@ -10,6 +10,7 @@ are clear. The push into a real vLLM server is tests/test_vllm_weight_push.py.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,26 @@ def test_a_weight_sync_nobody_knows_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="gateway.weight_sync must be auto, push or disk"):
         TrainerGatewayConfig(weight_sync="nfs")
+
+
+@pytest.mark.slow
+def test_a_gateway_that_left_the_group_fails_the_push_and_the_next_push_rejoins(
+    embedded_gateway,
+) -> None:
+    """A gateway restarted between two steps is no longer in the group: the push fails
+    fast with its answer (not at the broadcast's timeout), and the next push forms a
+    new group and lands."""
+    gw = embedded_gateway
+    state = {k: v.detach().clone() for k, v in gw.engine.model.state_dict().items()}
+    root = gateway_root(gw.url)
+    with WeightPush([gw.url], ADMIN_KEY, timeout_s=120) as push:
+        push.push(gw.engine.version + 1, state)
+        httpx.delete(f"{root}/admin/weights/group", headers=admin_headers()).raise_for_status()
+        started = time.monotonic()
+        # the gateway's 409 (not in the group), or its closed connection: either way
+        with pytest.raises(WeightPushError, match="weight push failed"):
+            push.push(gw.engine.version + 1, state)
+        assert time.monotonic() - started < 60
+        version = gw.engine.version + 1
+        stats = push.push(version, state)
+        assert stats.join_s > 0 and gw.engine.version == version

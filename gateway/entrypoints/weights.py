@@ -18,6 +18,7 @@ request for a fuzzer or an agent's SDK.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -148,7 +149,8 @@ async def push(body: PushRequest, request: Request, state: State, _: Admin) -> d
         try:
             version = await receiver.receive(body.version, manifest)
         except Exception as exc:  # noqa: BLE001 - a broken group is the caller's 503
-            await receiver.leave()  # its ranks are out of step now: join again
+            with contextlib.suppress(Exception):  # its ranks are out of step: join again
+                await receiver.leave()
             raise _failed(exc) from exc
     return {"policy_version": version}
 

@@ -193,7 +193,10 @@ class WeightPush:
             if failed is not None:
                 group, self._group = self._group, None
                 if group is not None:
-                    group.abort()  # unblocks a broadcast waiting for a dead rank
+                    try:
+                        group.abort()  # unblocks a broadcast waiting for a rank that left
+                    except RuntimeError:
+                        pass  # the broadcast then ends at the group's timeout
                 exc = failed.exception()
                 raise WeightPushError(f"weight push failed: {exc}") from exc
 
