@@ -158,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, end="", flush=True)
     width = max(1, args.parallel)
     with ThreadPoolExecutor(width) as pool:
-        list(pool.map(lambda i_s: run_one(args, i_s[1], args.core + i_s[0] % width), enumerate(args.seeds)))
+        list(
+            pool.map(
+                lambda i_s: run_one(args, i_s[1], args.core + i_s[0] % width), enumerate(args.seeds)
+            )
+        )
     ok, verdict = write_table(Path(args.out), args.min_median_gain)
     print(verdict)
     return 0 if ok else 1

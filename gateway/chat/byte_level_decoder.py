@@ -23,6 +23,7 @@ import random
 from typing import Any
 
 from tokenizers import decoders
+
 from gateway.chat.tokenizer import bytes_to_unicode
 
 _CHAR_BYTE = {c: b for b, c in bytes_to_unicode().items()}

@@ -38,8 +38,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gateway.chat.tokenizer import bytes_to_unicode
-
 from gateway.chat.detokenize import partial_suffix_len
 from gateway.chat.events import Event
 from gateway.chat.families import Family, register_family
@@ -51,6 +49,7 @@ from gateway.chat.parsers import (
     arguments_json,
 )
 from gateway.chat.template_traits import TemplateTraits
+from gateway.chat.tokenizer import bytes_to_unicode
 from gateway.inference.model_source import cache_root
 
 ENCODING_FILE = "o200k_base.tiktoken"

@@ -14,8 +14,7 @@ from gateway import json_codec
 from gateway.chat.events import ContentEvent, Event, ReasoningEvent
 from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.inference.base import TopLogprobs
-from gateway.serving.turn import Answer
-from gateway.serving.turn import TextDelta
+from gateway.serving.turn import Answer, TextDelta
 from gateway.sse import SSE_DONE
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
