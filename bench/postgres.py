@@ -17,7 +17,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -133,13 +132,3 @@ def _server_user() -> str | None:
     if os.geteuid() != 0:
         return None
     return os.environ.get("TURNSTILE_PG_USER", "nobody")
-
-
-def wait_until(check, timeout_s: float, every_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    """Poll `check()` until it is truthy or the time is up."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(every_s)
-    return bool(check())
