@@ -60,13 +60,6 @@ class Child:
             t = self.proc.cpu_times()
             return t.user + t.system
 
-    def main_thread_cpu_seconds(self) -> float:
-        """CPU time of the main thread alone: the gateway's event loop."""
-        for t in self.proc.threads():
-            if t.id == self.pid:
-                return t.user_time + t.system_time
-        return float("nan")
-
     def log_tail(self, n: int = 40) -> str:
         self._log.flush()
         lines = self.log_path.read_text(errors="replace").splitlines()
