@@ -483,10 +483,3 @@ class ChatRenderer:
             add_generation_prompt=True,
             **self._template_kwargs,
         )
-
-    def decode_output(self, output_ids: list[int]) -> str:
-        """Text of the answer, without the stop token that ended it."""
-        ids = output_ids
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
-        return self.decode(ids)
