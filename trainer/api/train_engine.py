@@ -56,9 +56,6 @@ class TrainEngine(abc.ABC):
     def eval(self) -> TrainEngine:
         return self.train(False)
 
-    def step_lr_scheduler(self) -> None:  # noqa: B027 - optional hook
-        """Advance the learning-rate schedule, where there is one."""
-
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights (gathered when partitioned), e.g. for the inference engine."""
