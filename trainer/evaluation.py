@@ -120,10 +120,6 @@ async def evaluate(
     return summarise(rewards, cfg, step, version, time.perf_counter() - started)
 
 
-def intervals_overlap(a: EvalResult, b: EvalResult) -> bool:
-    return a.accuracy_ci[1] >= b.accuracy_ci[0] and b.accuracy_ci[1] >= a.accuracy_ci[0]
-
-
 class Evaluator:
     """When to evaluate during a run, on which rows, and with which (greedy) runner."""
 
