@@ -89,6 +89,24 @@ def as_int(value: Any) -> int | None:
     return None
 
 
+def error_message(raw: bytes | str) -> str:
+    """The message in an engine server's error body (JSON `error.message`, `message`,
+    `detail` or `error`, else the text), for the errors we raise."""
+    try:
+        data = json_codec.loads(raw)
+    except ValueError:
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        return text.strip()[:500] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        for key in ("message", "detail", "error"):
+            if data.get(key):
+                return str(data[key])
+    return str(data)[:500]
+
+
 def finish_reason(finish: dict[str, Any]) -> FinishReason:
     kind = finish.get("type")
     if kind == "length" or kind == "abort":

@@ -18,6 +18,7 @@ from gateway.inference.base import (
     TopLogprobs,
 )
 from gateway.inference.http_client import Body
+from gateway.inference.remote import error_message
 from gateway.token_ids import json_object_with_ids
 
 # SGLang's own refusals (tokenizer_manager._validate_one_request), so that they become
@@ -105,22 +106,6 @@ def new_tokens(
         ]
         alts += [[] for _ in range(len(ids) - len(alts))]
     return ids, lps, alts
-
-
-def error_message(raw: bytes | str) -> str:
-    try:
-        data = json_codec.loads(raw)
-    except ValueError:
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        return text.strip()[:500] or "(empty body)"
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        for key in ("message", "detail", "error"):
-            if data.get(key):
-                return str(data[key])
-    return str(data)[:500]
 
 
 def refusal(url: str, status: int, raw: bytes | str, prompt_len: int) -> Exception:

@@ -24,7 +24,7 @@ from typing import Any
 from gateway import json_codec
 from gateway.inference.base import ContextLengthExceeded, EngineError, SamplingParams, TopLogprobs
 from gateway.inference.http_client import Body
-from gateway.inference.remote import as_int
+from gateway.inference.remote import as_int, error_message
 from gateway.token_ids import json_object_with_ids
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -119,22 +119,6 @@ def finish(choice: dict[str, Any]) -> dict[str, Any] | None:
     if reason is None:
         return None
     return {"type": reason if reason in ("length", "abort") else "stop"}
-
-
-def error_message(raw: bytes | str) -> str:
-    try:
-        data = json_codec.loads(raw)
-    except ValueError:
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        return text.strip()[:500] or "(empty body)"
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        for key in ("message", "detail", "error"):
-            if data.get(key):
-                return str(data[key])
-    return str(data)[:500]
 
 
 def refusal(url: str, status: int, raw: bytes | str, prompt_len: int) -> Exception:
