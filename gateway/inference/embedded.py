@@ -76,7 +76,6 @@ class EmbeddedEngine(InferenceEngine):
         self._pending: queue.Queue[_Request | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
-        self.tokens_generated = 0
         self.prefix_tokens_shared = 0  # prompt tokens taken from a shared prefix, not prefilled
         self._prefix_kv: (
             tuple[int, tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None
@@ -444,7 +443,6 @@ class EmbeddedEngine(InferenceEngine):
                     self._finish(r, None, "length")
                 else:
                     keep.append(row)
-            self.tokens_generated += len(rows.reqs)
             joined = self._admit(self.max_batch_size - len(keep)) if rows.mergeable() else []
             seen[:] = [r for r in seen if not r.finished] + joined  # bounded by the batch
             if not keep and not joined:
