@@ -86,6 +86,7 @@ class Trainer:
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
         self._stopped_early = False
+        self._model_dir: Path | None = None  # set by train(); checkpoints read its tokenizer
         self._push: Any = None  # weight_push.WeightPush to the trainer's own gateway
         self._started = time.perf_counter()
         self._best: tuple[dict[str, Any], Path | None] | None = None
@@ -338,7 +339,7 @@ class Trainer:
             return self.remote.admins(http)
         return [(GatewayAdmin(self.gateway.url, admin_key, http), self.gateway.url)]
 
-    def _tokenizer(self, model_dir: Path) -> Any:
+    def _tokenizer(self, model_dir: Path | None) -> Any:
         """The tokenizer saved with checkpoints: the one the gateway loaded, else the model's."""
         if self.gateway is not None:
             return self.gateway.state.renderer.tokenizer

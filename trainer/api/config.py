@@ -32,12 +32,6 @@ class TrainerGatewayConfig(GatewayConfig):
         "(a Hugging Face folder under run_dir/weights that every engine loads: it must "
         "be readable where they run)",
     )
-
-    def __post_init__(self) -> None:
-        if self.weight_sync not in ("auto", "push", "disk"):
-            raise ConfigError(
-                f"gateway.weight_sync must be auto, push or disk; got {self.weight_sync!r}"
-            )
     ray_replicas: int = setting(
         0,
         "start this many gateway replicas as Ray actors (on the `ray.address` cluster, "
@@ -47,6 +41,12 @@ class TrainerGatewayConfig(GatewayConfig):
     ray_resources: dict[str, float] = setting(
         {}, "what each of those replicas asks of the cluster, e.g. {gateway: 1}"
     )
+
+    def __post_init__(self) -> None:
+        if self.weight_sync not in ("auto", "push", "disk"):
+            raise ConfigError(
+                f"gateway.weight_sync must be auto, push or disk; got {self.weight_sync!r}"
+            )
 
 
 @dataclass
