@@ -10,7 +10,7 @@ the `Request` and return a `Response`.
 `GeneratingRoutes` is an ordinary pure ASGI middleware (Starlette's documented kind),
 added with `app.add_middleware` as the innermost one, inside the request timer, the body
 limit and the unexpected-error catcher, so those see these requests as any other. An
-exact `POST` to a route whose endpoint is marked `direct` goes to that endpoint; its
+exact `POST` to a route whose endpoint is marked `hot` goes to that endpoint; its
 errors go to the gateway's own exception handlers (`gateway.errors.EXCEPTION_HANDLERS`,
 the table FastAPI's path is given too), so every status and error shape is the one
 FastAPI's path gives. Anything else goes on to FastAPI's router. The routes stay declared
@@ -33,31 +33,31 @@ from gateway.errors import EXCEPTION_HANDLERS
 Handler = Callable[[Request], Awaitable[Response]]
 
 # set on a route's endpoint by the code that defines it: "dispatch me before the router"
-DIRECT = "turnstile_direct"
+HOT = "turnstile_hot_route"
 
 
-def direct(endpoint: Handler) -> Handler:
+def hot(endpoint: Handler) -> Handler:
     """Mark a `(request) -> Response` endpoint as dispatched by `GeneratingRoutes`."""
-    setattr(endpoint, DIRECT, True)
+    setattr(endpoint, HOT, True)
     return endpoint
 
 
-def direct_routes(routers: Iterable[APIRouter]) -> dict[str, APIRoute]:
-    """The `direct` POST routes of `routers`, by exact path."""
+def hot_routes(routers: Iterable[APIRouter]) -> dict[str, APIRoute]:
+    """The `hot` POST routes of `routers`, by exact path."""
     return {
         r.path: r
         for router in routers
         for r in router.routes
-        if isinstance(r, APIRoute) and "POST" in r.methods and getattr(r.endpoint, DIRECT, False)
+        if isinstance(r, APIRoute) and "POST" in r.methods and getattr(r.endpoint, HOT, False)
     }
 
 
 class GeneratingRoutes:
-    """Pure ASGI middleware: an exact `POST` to a `direct` route is answered here."""
+    """Pure ASGI middleware: an exact `POST` to a `hot` route is answered here."""
 
     def __init__(self, app: ASGIApp, routers: Iterable[APIRouter]) -> None:
         self.app = app
-        self.routes = direct_routes(routers)
+        self.routes = hot_routes(routers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (

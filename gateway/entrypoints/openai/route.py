@@ -4,7 +4,7 @@ the request to its endpoint's serving handler (`ServingEndpoint.handle_request`)
 Written as one plain handler rather than FastAPI parameters and dependencies: this runs
 for every turn of every agent, and resolving three dependencies plus FastAPI's
 json-then-validate body parsing cost more than the steps themselves. It is marked
-`direct`: a middleware answers it before FastAPI's router (gateway/entrypoints/hot_routes.py),
+`hot`: a middleware answers it before FastAPI's router (gateway/entrypoints/hot_routes.py),
 so FastAPI's routing is not in its way. The body is
 validated from its bytes once (pydantic's `model_validate_json`; where it extends the
 session's previous body, only its new part: incremental_body.py), the bytes hashed for
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway import json_codec
 from gateway.api_schema import errors
-from gateway.entrypoints.hot_routes import direct
+from gateway.entrypoints.hot_routes import hot
 from gateway.entrypoints.tool_names import check_tool_names
 from gateway.serving.endpoint import RetryIdentity
 
@@ -71,7 +71,7 @@ def openai_route(
         openapi_extra=body_schema,
         responses=replies,
     )
-    @direct
+    @hot
     async def route(request: Request) -> Response:
         state = request.app.state.gateway
         caller = await state.keys.resolve(request, allow_admin=False)
