@@ -279,7 +279,7 @@ class TrainerConfig:
         0,
         "the time budget never ends training before this many steps: a slow machine runs "
         "longer instead of stopping while a few noisy steps have moved its policy at random "
-        "(docs/demo-run.md: runs of 6-7 steps left held-out accuracy to chance); 0: no floor",
+        "(docs/demo-run.md: runs of 4-7 steps left held-out accuracy to chance); 0: no floor",
     )
     time_estimate: dict[str, float] = setting(
         {},
