@@ -423,7 +423,7 @@ def test_run_page_follows_a_real_training_run(tmp_path, tokenizer, browser):
          "time_budget_s=25", "min_steps=3",  # at least 3 steps to see, however slow the machine
          "rollout.batch_size=2", "workflow_kwargs.gconfig.max_new_tokens=16"],
         cwd=Path(__file__).resolve().parent.parent, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
@@ -443,7 +443,11 @@ def test_run_page_follows_a_real_training_run(tmp_path, tokenizer, browser):
             page.wait_for_timeout(500)
             seen.add(int(page.locator("#status").get_attribute("data-steps")))
         # ... and shows the steps made since, without a reload, while the run trains
-        assert len(seen) >= 2 and max(seen) > 0 and max(seen) <= steps, seen
+        assert len(seen) >= 2 and max(seen) > 0 and max(seen) <= steps, (
+            seen,
+            proc.poll(),
+            "".join(list(lines.queue)[-30:]),  # what the run said, if it ended
+        )
         assert page.locator("#chart-reward canvas").count() == 1
         context.close()
         assert proc.wait(timeout=600) == 0
