@@ -420,7 +420,7 @@ def test_run_page_follows_a_real_training_run(tmp_path, tokenizer, browser):
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer.cli", "train", "--config", "agents/remax.yaml",
          f"run_dir={run_dir}", f"model={model}", "tensorboard=false", f"total_steps={steps}",
-         "time_budget_s=25", "min_steps=3",  # at least 3 steps to see, however slow the machine
+         "time_budget_s=25", "min_steps=15",  # steps for the page (3 s refresh) to see, however slow the start
          "rollout.batch_size=2", "workflow_kwargs.gconfig.max_new_tokens=16"],
         cwd=Path(__file__).resolve().parent.parent, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
