@@ -105,6 +105,16 @@ async def load_weights(body: LoadRequest, state: State, _: Admin) -> dict[str, A
     return {"policy_version": version}
 
 
+def _parsed(parse: Any, value: Any, param: str) -> Any:
+    """`value` read by `parse`, else a 400 naming the field (invalid_weight_<param>)."""
+    try:
+        return parse(value)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise APIError(
+            400, f"bad {param}: {exc}", code=f"invalid_weight_{param}", param=param
+        ) from exc
+
+
 @router.post("/group")
 async def join_group(
     body: GroupRequest, request: Request, state: State, _: Admin
@@ -112,12 +122,7 @@ async def join_group(
     from gateway.inference.weight_broadcast import GroupSpec
 
     slot, receiver = _slot(request, state)
-    try:
-        spec = GroupSpec.from_json(body.group)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise APIError(
-            400, f"bad group: {exc}", code="invalid_weight_group", param="group"
-        ) from exc
+    spec = _parsed(GroupSpec.from_json, body.group, "group")
     async with slot.lock:
         try:
             await receiver.join(spec, body.first_rank)
@@ -131,12 +136,7 @@ async def push(body: PushRequest, request: Request, state: State, _: Admin) -> d
     from gateway.inference.weight_broadcast import Manifest
 
     slot, receiver = _slot(request, state)
-    try:
-        manifest = Manifest.from_json(body.manifest)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise APIError(
-            400, f"bad manifest: {exc}", code="invalid_weight_manifest", param="manifest"
-        ) from exc
+    manifest = _parsed(Manifest.from_json, body.manifest, "manifest")
     async with slot.lock:
         if not receiver.group_id or receiver.group_id != body.group_id:
             raise APIError(
