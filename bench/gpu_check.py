@@ -110,6 +110,13 @@ def _engine_process(
     model = build_model(shape, dtype, device)
     params = dict(model.named_parameters())
     outbox.put("ready")
+    try:
+        _take_pushes(transport, device, params, inbox, outbox)
+    except Exception as exc:  # the trainer side reports it, instead of waiting it out
+        outbox.put(f"engine failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def _take_pushes(transport: str, device: str, params: dict, inbox: Any, outbox: Any) -> None:
     while (msg := inbox.get()) is not None:
         if transport == "ipc":
             tensors = msg  # CUDA tensors, mapped from the trainer's memory by IPC handles
@@ -138,9 +145,17 @@ def transport_for(trainer_device: str, engine_device: str) -> str:
     return backend_for(trainer_device)
 
 
-def weight_push(shape: dict[str, Any], dtype: torch.dtype, device: str, rounds: int) -> dict:
+def weight_push(
+    shape: dict[str, Any],
+    dtype: torch.dtype,
+    device: str,
+    rounds: int,
+    transport: str | None = None,
+    wait_s: float = 600,
+) -> dict:
+    """Median push time over `rounds`; `transport` forces one (the NCCL attempt)."""
     engine_device = device  # one GPU: both processes on it (a second GPU would take NCCL)
-    transport = transport_for(device, engine_device)
+    transport = transport or transport_for(device, engine_device)
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     engine = ctx.Process(
@@ -155,22 +170,24 @@ def weight_push(shape: dict[str, Any], dtype: torch.dtype, device: str, rounds: 
         named = {k: v for k, v in model.named_parameters()}
         expected = float(sum(p.detach().double().sum() for p in named.values()))
         manifest, tensors = Manifest.of(named)
-        assert outbox.get(timeout=600) == "ready"
+        assert outbox.get(timeout=wait_s) == "ready"
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
             if transport == "ipc":
                 inbox.put({k: v.detach() for k, v in named.items()})
             else:
-                spec = GroupSpec("127.0.0.1", 0, 2, transport, group_id=f"r{len(times)}")
+                spec = GroupSpec("127.0.0.1", 0, 2, transport, f"r{len(times)}", wait_s)
                 store = host_store(spec)
-                spec = GroupSpec("127.0.0.1", store.port, 2, transport, spec.group_id)
+                spec = GroupSpec("127.0.0.1", store.port, 2, transport, spec.group_id, wait_s)
                 inbox.put((spec.to_json(), manifest.to_json(), 1))
                 group = open_group(spec, 0, device, store)
                 send(group, tensors)
                 group.shutdown()
-            got = outbox.get(timeout=600)
+            got = outbox.get(timeout=wait_s)
             times.append(time.perf_counter() - t0)
+            if isinstance(got, str):
+                raise RuntimeError(got)
             if abs(got - expected) > 1e-3 * max(1.0, abs(expected)):
                 raise SystemExit(f"the engine holds other weights: {got} != {expected}")
         inbox.put(None)
@@ -299,8 +316,20 @@ def main() -> None:
         f"bare PyTorch {step['bare_tokens_per_s']:.0f} tokens/s, "
         f"ratio {step['ratio']:.2f}x (DeepSpeed time / bare time)"
     )
+    figures = {"device": card, "push": push, "step": step}
     if args.out:
-        args.out.write_text(json.dumps({"device": card, "push": push, "step": step}, indent=2))
+        args.out.write_text(json.dumps(figures, indent=2))
+    # last: if NCCL hangs rather than refuses, its watchdog may end this process
+    if device != "cpu":  # our group's own backend for a GPU, though both ranks share it
+        try:
+            nccl = weight_push(shape, dtype, device, args.rounds, "nccl", wait_s=120)
+            push["nccl_same_gpu"] = nccl
+            print(f"weight push (nccl, two ranks on one GPU): {nccl['push_s']:.3f} s", flush=True)
+        except Exception as exc:  # NCCL refuses two ranks on one device
+            push["nccl_same_gpu"] = f"{type(exc).__name__}: {exc}"
+            print(f"weight push (nccl, two ranks on one GPU): refused: {exc}", flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,15 @@ export TURNSTILE_CACHE=${TURNSTILE_CACHE:-$PWD/.cache}
 WHEELS=$TURNSTILE_CACHE/gpu-wheels
 
 if [[ "${1:-}" == --prepare ]]; then
-    # deepspeed is published as a source archive: build its (pure-Python) wheel here
-    "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" -r bench/gpu_requirements.txt
+    # deepspeed is published as a source archive: build its (pure-Python) wheel here;
+    # pydantic-core is compiled: take the build for the GPU machine's CPython 3.12
+    rm -rf "$WHEELS"
+    grep -v '^pydantic-core' bench/gpu_requirements.txt >"$WHEELS.pure"
+    "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" -r "$WHEELS.pure"
+    rm "$WHEELS.pure"
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_17_x86_64 -d "$WHEELS" \
+        "$(grep '^pydantic-core' bench/gpu_requirements.txt)"
     "$PYTHON" tests/fetch_tokenizers.py
     du -sh "$WHEELS" "$TURNSTILE_CACHE"/tokenizers/qwen3-*
     exit 0
