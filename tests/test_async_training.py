@@ -11,6 +11,7 @@ import torch
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
 from trainer.algorithm.losses import PPOClip, decoupled_ppo_loss, ppo_clip_loss
+from trainer.api.config import RolloutConfig
 from trainer.rollout.agent_runner import Episode
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
@@ -22,6 +23,11 @@ def tiny_model(tmp_path_factory, tokenizer) -> Path:
 
 
 # ---- the controller ------------------------------------------------------------------
+def _rollout(max_staleness: int) -> RolloutConfig:
+    """Batches of two groups of one episode each."""
+    return RolloutConfig(batch_size=2, group_size=1, max_staleness=max_staleness)
+
+
 async def _started_before_first_update(max_staleness: int) -> tuple[list[int], list[int]]:
     started: list[int] = []
     release = asyncio.Event()
@@ -32,10 +38,7 @@ async def _started_before_first_update(max_staleness: int) -> tuple[list[int], l
             await release.wait()
         return [Episode(group=group, session_id=f"s{group}")]
 
-    ctl = RolloutController(
-        run_group, rows(8), DataOrder(8, 0), batch_size=2, group_size=1,
-        max_staleness=max_staleness,
-    )  # fmt: skip
+    ctl = RolloutController(run_group, rows(8), DataOrder(8, 0), _rollout(max_staleness))
     ctl.start()
     first = await ctl.next_batch()
     await asyncio.sleep(0.05)
@@ -63,9 +66,7 @@ async def test_a_slow_group_is_not_overtaken_so_the_bound_holds() -> None:
         await asyncio.sleep(0.3 if group == 0 else 0.0)
         return [Episode(group=group, session_id=f"s{group}")]
 
-    ctl = RolloutController(
-        run_group, rows(8), DataOrder(8, 0), batch_size=2, group_size=1, max_staleness=1
-    )
+    ctl = RolloutController(run_group, rows(8), DataOrder(8, 0), _rollout(max_staleness=1))
     ctl.start()
     first = [g for g, _ in await ctl.next_batch()]
     await ctl.set_version(1)
@@ -79,9 +80,7 @@ async def test_a_crashing_runner_becomes_an_errored_episode_not_a_hang() -> None
     async def run_group(data, group, size):  # type: ignore[no-untyped-def]
         raise RuntimeError("runner bug")
 
-    ctl = RolloutController(
-        run_group, rows(4), DataOrder(4, 0), batch_size=2, group_size=1, max_staleness=0
-    )
+    ctl = RolloutController(run_group, rows(4), DataOrder(4, 0), _rollout(max_staleness=0))
     ctl.start()
     batch = await asyncio.wait_for(ctl.next_batch(), 5)
     await ctl.stop()

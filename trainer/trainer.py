@@ -70,6 +70,17 @@ class TrainResult:
     best_checkpoint: Path | None = None
 
 
+@dataclass(frozen=True)
+class RunData:
+    """What a run's loop reads its rows from: the training rows, the held-out rows (none
+    when evaluation is off) and the order groups take the rows in (kept in checkpoints,
+    so a resumed run goes on where it stopped)."""
+
+    rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    order: DataOrder
+
+
 class Trainer:
     def __init__(self, config: TrainerConfig | dict[str, Any] | str | Path | None = None) -> None:
         if isinstance(config, (str, Path)):
@@ -147,11 +158,8 @@ class Trainer:
                     start_step,
                 )
                 runlog = RunLog(run_dir, start_step=start_step, trackers=trackers)
-                asyncio.run(
-                    self._main_loop(
-                        kind, agent, rows, order, admin_key, runlog, start_step, eval_rows
-                    )
-                )
+                data = RunData(rows, eval_rows, order)
+                asyncio.run(self._main_loop(kind, agent, data, admin_key, runlog, start_step))
             else:
                 self._follower_loop()
             # rank 0 writes the folder, with the tokenizer the gateway already loaded
@@ -420,14 +428,13 @@ class Trainer:
         self,
         kind: str,
         agent: Any,
-        rows: list[dict[str, Any]],
-        order: DataOrder,
+        data: RunData,
         admin_key: str,
         runlog: RunLog,
         start_step: int,
-        eval_rows: list[dict[str, Any]],
     ) -> None:
         cfg = self.config
+        order = data.order
         started = self._started
         # One thread for all training work: one allocator arena, not one per step.
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train")
@@ -438,7 +445,7 @@ class Trainer:
         )
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
             runner = self._make_runner(kind, agent, admin_key, http)
-            evaluator = self._make_evaluator(agent, admin_key, http, eval_rows)
+            evaluator = self._make_evaluator(agent, admin_key, http, data.eval_rows)
 
             async def evaluate(steps_done: int) -> None:
                 if evaluator is None:
@@ -454,13 +461,7 @@ class Trainer:
             if evaluator is not None and evaluator.due(start_step):
                 await evaluate(start_step)
             controller = RolloutController(
-                runner.run_group,
-                rows,
-                order,
-                batch_size=cfg.rollout.batch_size,
-                group_size=cfg.rollout.group_size,
-                max_staleness=cfg.rollout.max_staleness,
-                version=start_step,
+                runner.run_group, data.rows, order, cfg.rollout, version=start_step
             )
             controller.start()
             bar = tqdm(

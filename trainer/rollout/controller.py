@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from trainer.api.config import RolloutConfig
 from trainer.rollout.agent_runner import Episode
 from trainer.rollout.data_order import DataOrder
 
@@ -33,25 +34,24 @@ class RolloutController:
         run_group: RunGroup,
         rows: list[dict[str, Any]],
         order: DataOrder,
-        *,
-        batch_size: int,
-        group_size: int,
-        max_staleness: int,
+        config: RolloutConfig,
         version: int = 0,
     ) -> None:
-        if max_staleness < 0:
-            raise ValueError(f"rollout.max_staleness must be >= 0, got {max_staleness}")
-        if batch_size <= 0 or group_size <= 0:
+        """`config`: the run's `rollout:` section (batch and group size, staleness bound);
+        `version`: the policy version training resumes at."""
+        if config.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness must be >= 0, got {config.max_staleness}")
+        if config.batch_size <= 0 or config.group_size <= 0:
             raise ValueError("rollout.batch_size and rollout.group_size must be positive")
         self.run_group = run_group
         self.rows = rows
         self.order = order
-        self.batch_size = batch_size
-        self.group_size = group_size
-        self.max_staleness = max_staleness
+        self.batch_size = config.batch_size
+        self.group_size = config.group_size
+        self.max_staleness = config.max_staleness
         self.version = version
         # groups consumed before a resume count as started
-        self.started = version * batch_size
+        self.started = version * self.batch_size
         # started groups, in start order, each with the task that runs it
         self._started: asyncio.Queue[tuple[int, asyncio.Task[list[Episode]]]] = asyncio.Queue()
         self._cond = asyncio.Condition()
