@@ -15,7 +15,7 @@ from gateway_helpers import ADMIN_KEY, list_sessions
 from subproc_agents import read_reports
 
 from trainer.loading import make_workflow
-from trainer.rollout.agent_runner import AgentRunner
+from trainer.rollout.agent_runner import AgentPlacement, AgentRunner
 from trainer.rollout.gateway_admin import GatewayAdmin
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra turnstile-rl[ray]")
@@ -40,7 +40,8 @@ def cluster() -> Iterator[Any]:
 
 def _runner(gw: Any, http: httpx.AsyncClient, tmp_path: Path, **kw: Any) -> AgentRunner:
     agent = make_workflow(f"{AGENTS}:ReportingSyncAgent", {"report_dir": str(tmp_path)})
-    return AgentRunner(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url, agent, http, mode="ray", **kw)
+    gateway = (GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url)
+    return AgentRunner([gateway], agent, http, placement=AgentPlacement("ray", **kw))
 
 
 async def test_an_agent_loaded_by_path_runs_as_a_ray_task_with_the_inline_arguments(

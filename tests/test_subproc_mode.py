@@ -15,7 +15,7 @@ from gateway_helpers import ADMIN_KEY, list_sessions
 from subproc_agents import read_reports
 
 from trainer.loading import WorkflowError, make_workflow
-from trainer.rollout.agent_runner import AgentRunner, Episode
+from trainer.rollout.agent_runner import AgentPlacement, AgentRunner, Episode
 from trainer.rollout.gateway_admin import GatewayAdmin
 from trainer.rollout.subproc import SubprocAgentPool, SubprocPicklingError
 
@@ -31,15 +31,15 @@ def pool() -> Iterator[SubprocAgentPool]:
         yield p
 
 
+SUBPROC = AgentPlacement("subproc", subproc_max_workers=2)
+
+
+def _gateway(gw: Any, http: httpx.AsyncClient) -> list[tuple[GatewayAdmin, str]]:
+    return [(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url)]
+
+
 def _runner(gw: Any, agent: Any, http: httpx.AsyncClient, pool: SubprocAgentPool) -> AgentRunner:
-    runner = AgentRunner(
-        GatewayAdmin(gw.url, ADMIN_KEY, http),
-        gw.url,
-        agent,
-        http,
-        mode="subproc",
-        subproc_max_workers=2,
-    )
+    runner = AgentRunner(_gateway(gw, http), agent, http, placement=SUBPROC)
     runner._pool.close()  # never started: swap in the shared one
     runner._pool = pool
     return runner
@@ -107,7 +107,7 @@ async def test_unpicklable_agent_fails_before_any_session(gateway_factory, cls, 
     agent = make_workflow(f"{AGENTS}:{cls}")
     async with httpx.AsyncClient(timeout=60) as http:
         with pytest.raises(SubprocPicklingError) as info:
-            AgentRunner(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url, agent, http, mode="subproc")
+            AgentRunner(_gateway(gw, http), agent, http, placement=SUBPROC)
         assert await list_sessions(gw, http) == []
     message = str(info.value)
     assert isinstance(info.value, WorkflowError)
@@ -120,11 +120,7 @@ async def test_unpicklable_data_fails_before_its_session(gateway_factory, tmp_pa
     gw = gateway_factory()
     async with httpx.AsyncClient(timeout=60) as http:
         runner = AgentRunner(
-            GatewayAdmin(gw.url, ADMIN_KEY, http),
-            gw.url,
-            _reporting_agent(tmp_path),
-            http,
-            mode="subproc",
+            _gateway(gw, http), _reporting_agent(tmp_path), http, placement=SUBPROC
         )
         with pytest.raises(SubprocPicklingError, match="data must be picklable.*mode: inline"):
             await runner.run_episode({"messages": QUESTION, "check": lambda x: x}, group=0)
@@ -176,12 +172,10 @@ async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
     gw = gateway_factory()
     async with httpx.AsyncClient(timeout=60) as http:
         runner = AgentRunner(
-            GatewayAdmin(gw.url, ADMIN_KEY, http),
-            gw.url,
+            _gateway(gw, http),
             _reporting_agent(tmp_path),
             http,
-            mode="subproc",
-            subproc_max_workers=1,
+            placement=AgentPlacement("subproc", subproc_max_workers=1),
         )
         ep = await runner.run_episode({"messages": QUESTION, "tag": "ok"}, group=0)
         assert ep.error is None and ep.reward == 1.0
@@ -196,17 +190,15 @@ async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
 
 async def test_mode_and_pool_size_are_checked() -> None:
     async with httpx.AsyncClient() as http:
-        admin = GatewayAdmin("http://unused/v1", None, http)
+        unused = [(GatewayAdmin("http://unused/v1", None, http), "http://unused/v1")]
         with pytest.raises(WorkflowError, match="'inline', 'subproc' or 'ray', got 'thread'"):
-            AgentRunner(admin, "http://unused/v1", object(), http, mode="thread")
+            AgentRunner(unused, object(), http, placement=AgentPlacement("thread"))
         with pytest.raises(WorkflowError, match="subproc runs `async def run.*object has none"):
-            AgentRunner(admin, "http://unused/v1", object(), http, mode="subproc")
+            AgentRunner(unused, object(), http, placement=SUBPROC)
         agent = make_workflow(f"{AGENTS}:LockedAgent")
         agent.lock = None
         with pytest.raises(WorkflowError, match="subproc_max_workers must be an integer >= 1"):
-            AgentRunner(
-                admin, "http://unused/v1", agent, http, mode="subproc", subproc_max_workers=0
-            )
-        inline = AgentRunner(admin, "http://unused/v1", object(), http)
+            AgentRunner(unused, agent, http, placement=AgentPlacement("subproc", 0))
+        inline = AgentRunner(unused, object(), http)
         assert inline.mode == "inline" and inline._pool is None
         await inline.close()

@@ -40,7 +40,7 @@ from trainer.datasets import load_dataset
 from trainer.health import CollapseWatch, answer_signals
 from trainer.loading import WorkflowError, import_files, load_class, make_workflow
 from trainer.malloc import limit_arenas, release_free_memory
-from trainer.rollout.agent_runner import Episode
+from trainer.rollout.agent_runner import AgentPlacement, Episode, SessionSpec
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
 from trainer.rollout.gateways import RemoteGateways
@@ -590,46 +590,40 @@ class Trainer:
         cfg = self.config
         if cfg.eval.workflow_kwargs:
             agent = make_workflow(type(agent), {**cfg.workflow_kwargs, **cfg.eval.workflow_kwargs})
-        gateways = self._gateway_admins(admin_key, http)
+        greedy = SessionSpec(
+            metadata={"eval": True}, sampling={"temperature": cfg.eval.temperature}, export=False
+        )
         runner = AgentRunner(
-            *gateways[0],
+            self._gateway_admins(admin_key, http),
             agent,
             http,
-            gateways=gateways,
+            sessions=greedy,
+            placement=self._agent_placement(),
             max_concurrent=cfg.rollout.max_concurrent,
-            **self._agent_placement(),
-            session_metadata={"eval": True},
-            sampling={"temperature": cfg.eval.temperature},
-            export=False,
         )
         return Evaluator(cfg.eval, rows, runner)
 
-    def _agent_placement(self) -> dict[str, Any]:
-        """Where agent runs go (inline, a process pool, Ray tasks): AgentRunner's args."""
+    def _agent_placement(self) -> AgentPlacement:
+        """Where agent runs go (inline, a process pool, Ray tasks), from the config."""
         a = self.config.rollout.agent
         ray = {"address": self.config.ray.address, "num_cpus": a.num_cpus, "resources": a.resources}
-        return {
-            "mode": a.mode,
-            "subproc_max_workers": a.subproc_max_workers,
-            "max_retries": a.max_retries,
-            "ray": ray if a.mode == "ray" else None,
-        }
+        return AgentPlacement(
+            a.mode, a.subproc_max_workers, a.max_retries, ray if a.mode == "ray" else None
+        )
 
     def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
         cfg = self.config
         if kind == "agent":
             from trainer.rollout.agent_runner import AgentRunner
 
-            gateways = self._gateway_admins(admin_key, http)
+            a = cfg.rollout.agent
             return AgentRunner(
-                *gateways[0],
+                self._gateway_admins(admin_key, http),
                 agent,
                 http,
-                gateways=gateways,
-                export_style=cfg.rollout.agent.export_style,
-                turn_discount=cfg.rollout.agent.turn_discount,
+                sessions=SessionSpec(export_style=a.export_style, turn_discount=a.turn_discount),
+                placement=self._agent_placement(),
                 max_concurrent=cfg.rollout.max_concurrent,
-                **self._agent_placement(),
             )
         from trainer.rollout.engine import RolloutEngine
 

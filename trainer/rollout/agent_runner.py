@@ -92,38 +92,54 @@ def _finite(value: Any, what: str) -> float:
     return number
 
 
+@dataclass(frozen=True)
+class AgentPlacement:
+    """Where each agent run happens (`rollout.agent.mode`): inline on the trainer's event
+    loop, in a process pool, or as Ray tasks; and how often an episode whose worker died
+    runs again, each time in a new session."""
+
+    mode: str = "inline"
+    subproc_max_workers: int = 4
+    max_retries: int = 0
+    ray: dict[str, Any] | None = None  # `RayAgentPool`'s arguments (address, num_cpus, ...)
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What every session a runner opens carries (metadata, sampling forced on each of its
+    requests: an evaluation forces greedy), and how it becomes samples (`export=False`:
+    it does not)."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] | None = None
+    export_style: str = "individual"
+    turn_discount: float = 1.0
+    export: bool = True
+
+
 class AgentRunner(EpisodeRunner):
     def __init__(
         self,
-        admin: GatewayAdmin,
-        base_url: str,
+        gateways: Sequence[tuple[GatewayAdmin, str]],
         agent: Any,
         http_client: httpx.AsyncClient,
         *,
-        export_style: str = "individual",
-        turn_discount: float = 1.0,
+        sessions: SessionSpec = SessionSpec(),
+        placement: AgentPlacement = AgentPlacement(),
         max_concurrent: int = 64,
-        mode: str = "inline",
-        subproc_max_workers: int = 4,
-        session_metadata: dict[str, Any] | None = None,
-        sampling: dict[str, Any] | None = None,
-        export: bool = True,
-        max_retries: int = 0,
-        ray: dict[str, Any] | None = None,
-        gateways: Sequence[tuple[GatewayAdmin, str]] | None = None,
     ) -> None:
-        """`session_metadata` and `sampling` go to every session it opens (an evaluation
-        forces greedy sampling); `export=False` skips turning sessions into samples. An
-        episode whose worker died runs again in a new session up to `max_retries` times.
-        `ray`: `RayAgentPool`'s arguments (address, num_cpus, resources). `gateways`:
-        several (admin, base URL) replicas of one store; each session sticks to one
-        (trainer/rollout/gateways.py), and its metadata says which."""
+        """`gateways`: (admin client, base URL) of one gateway, or of several replicas of
+        one store; each session sticks to one (trainer/rollout/gateways.py), and with
+        several its metadata says which."""
+        mode = placement.mode
         if mode not in ("inline", "subproc", "ray"):
             raise WorkflowError(
                 f"rollout.agent.mode must be 'inline', 'subproc' or 'ray', got {mode!r}"
             )
+        if not gateways:
+            raise ValueError("AgentRunner needs at least one gateway")
         self.mode = mode
-        self.max_retries = max_retries
+        self.max_retries = placement.max_retries
         self._pool: Any = None
         if mode != "inline" and not inspect.iscoroutinefunction(getattr(agent, "run", None)):
             raise WorkflowError(
@@ -132,21 +148,15 @@ class AgentRunner(EpisodeRunner):
             )
         if mode == "subproc":  # fail before any session: the agent must pickle
             check_picklable(agent, "agent")
-            self._pool = SubprocAgentPool(subproc_max_workers)  # workers start lazily
+            self._pool = SubprocAgentPool(placement.subproc_max_workers)  # workers start lazily
         elif mode == "ray":
             from trainer.rollout.ray_agents import RayAgentPool
 
-            self._pool = RayAgentPool(**(ray or {}))
-        self.admin = admin
-        self.base_url = base_url
-        self.gateways = GatewayPicker(gateways or [(admin, base_url)])
+            self._pool = RayAgentPool(**(placement.ray or {}))
+        self.gateways = GatewayPicker(gateways)
         self.agent = agent
         self.http_client = http_client
-        self.export_style = export_style
-        self.turn_discount = turn_discount
-        self.session_metadata = session_metadata or {}
-        self.sampling = sampling
-        self.export = export
+        self.sessions = sessions
         super().__init__(max_concurrent)
 
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
@@ -168,10 +178,10 @@ class AgentRunner(EpisodeRunner):
     async def _run_once(self, data: dict[str, Any], group: int) -> Episode:
         """One run of the agent in a session of its own; a dead worker ends it unused."""
         admin, base_url = self.gateways.pick()
-        metadata = {**self.session_metadata, "group": group}
+        metadata = {**self.sessions.metadata, "group": group}
         if len(self.gateways.gateways) > 1:
             metadata["gateway"] = base_url
-        session_id, api_key = await admin.create_session(metadata, self.sampling)
+        session_id, api_key = await admin.create_session(metadata, self.sessions.sampling)
         ep = Episode(group=group, session_id=session_id)
         try:
             if self._pool is not None:  # a worker process; URL and key via its env
@@ -200,9 +210,10 @@ class AgentRunner(EpisodeRunner):
                 ep.reward = sum(rewards.values())
             await admin.set_rewards(rewards)
             await admin.end_session(session_id)
-            if not completions or not self.export:
+            spec = self.sessions
+            if not completions or not spec.export:
                 return ep
-            ep.samples = await admin.export(session_id, self.export_style, self.turn_discount)
+            ep.samples = await admin.export(session_id, spec.export_style, spec.turn_discount)
         except RewardShapeError as exc:
             ep.error = str(exc)
             await self._end_quietly(admin, session_id)
