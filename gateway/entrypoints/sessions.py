@@ -22,7 +22,7 @@ from gateway.errors import APIError
 from gateway.samples import NoRewardError, export_session
 from gateway.serving.quotas import Usage
 from gateway.state import Admin, AnyCaller, GatewayState, State
-from gateway.store.repository import SessionInfo
+from gateway.store.repository import SessionInfo, SessionTerms
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -84,15 +84,13 @@ async def create_session(
         if body.ttl_seconds
         else state.config.session_ttl_s
     )
+    terms = SessionTerms(
+        sampling=body.sampling.model_dump(exclude_none=True) if body.sampling else None,
+        history=body.history,
+        quotas=body.quotas.model_dump(exclude_none=True) if body.quotas else None,
+    )
     info = await run_in_threadpool(
-        state.repo.create_session,
-        session_id,
-        hash_key(key),
-        ttl,
-        body.metadata,
-        body.sampling.model_dump(exclude_none=True) if body.sampling else None,
-        body.history,
-        body.quotas.model_dump(exclude_none=True) if body.quotas else None,
+        state.repo.create_session, session_id, hash_key(key), ttl, body.metadata, terms
     )
     state.keys.remember(key, info)
     state.metrics.inc("turnstile_sessions_created_total")

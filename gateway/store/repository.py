@@ -37,6 +37,16 @@ class SessionInfo:
         return (now or time.time()) >= self.expires_at
 
 
+@dataclass(slots=True, frozen=True)
+class SessionTerms:
+    """What a session's creator may fix for every request of it (`POST /v1/sessions`):
+    sampling forced on each, how its prompts are built, and its quotas."""
+
+    sampling: dict[str, Any] | None = None  # forced on every request of the session
+    history: str | None = None  # how its prompts are built (None: the gateway's default)
+    quotas: dict[str, int] | None = None  # its limits (SessionQuotas fields), None: none
+
+
 class Repository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -48,9 +58,7 @@ class Repository:
         key_hash: str,
         ttl_s: float,
         meta: dict[str, Any],
-        sampling: dict[str, Any] | None = None,
-        history: str | None = None,
-        quotas: dict[str, int] | None = None,
+        terms: SessionTerms = SessionTerms(),
     ) -> SessionInfo:
         now = time.time()
         row = dict(
@@ -60,13 +68,15 @@ class Repository:
             expires_at=now + ttl_s,
             ended_at=None,
             metadata=meta,
-            sampling=sampling,
-            history=history,
-            quotas=quotas,
+            sampling=terms.sampling,
+            history=terms.history,
+            quotas=terms.quotas,
         )
         with self.engine.begin() as conn:
             conn.execute(SessionRow.__table__.insert(), [row])
-        return SessionInfo(session_id, now + ttl_s, None, meta, now, sampling, history, quotas)
+        return SessionInfo(
+            session_id, now + ttl_s, None, meta, now, terms.sampling, terms.history, terms.quotas
+        )
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
         table = SessionRow.__table__
