@@ -12,6 +12,7 @@ retry detection, and errors keep the shapes FastAPI's own path gives (an unknown
 401 before a bad body is 400). The body's schema is still in the OpenAPI document.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -33,22 +34,29 @@ _SSE_EVENT = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class RouteDoc:
+    """What a generating route declares in the OpenAPI document beyond its body's schema:
+    the type of a whole (non-streamed) answer, the statuses it answers beyond every
+    generating route's, and the tag it is listed under."""
+
+    reply_model: type[BaseModel] | None = None
+    more_errors: tuple[int, ...] = ()
+    tag: str = "openai"
+
+
 def openai_route(
     path: str,
     request_model: type[BaseModel],
     serving_cls: type,
-    reply_model: type[BaseModel] | None = None,
-    more_errors: tuple[int, ...] = (),
-    tag: str = "openai",
+    doc: RouteDoc = RouteDoc(),
     history: str | None = None,
 ) -> APIRouter:
     """`POST /v1<path>`, served by `serving_cls` (any `ServingEndpoint`, whatever its API).
 
-    `reply_model`: the type of a whole (non-streamed) answer, for the OpenAPI document;
-    `more_errors`: statuses this endpoint answers beyond every generating route's;
     `history`: the field (a list) a session's next body repeats and extends, parsed
     only where new (incremental_body.py)."""
-    router = APIRouter(prefix="/v1", tags=[tag])
+    router = APIRouter(prefix="/v1", tags=[doc.tag])
     body_schema = {
         "requestBody": {
             "required": True,
@@ -57,11 +65,11 @@ def openai_route(
     }
     replies = {
         200: {
-            "model": reply_model,
+            "model": doc.reply_model,
             "description": "The answer; with `stream: true`, server-sent events.",
             "content": {"text/event-stream": {"schema": _SSE_EVENT}},
         },
-        **errors(400, 401, 410, 422, 429, 503, *more_errors, path=f"/v1{path}"),
+        **errors(400, 401, 410, 422, 429, 503, *doc.more_errors, path=f"/v1{path}"),
     }
 
     @router.post(

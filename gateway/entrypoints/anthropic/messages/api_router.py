@@ -16,7 +16,7 @@ from gateway.entrypoints.anthropic.errors import (
 )
 from gateway.entrypoints.anthropic.messages.protocol import CountTokensRequest, MessagesRequest
 from gateway.entrypoints.anthropic.messages.serving import MessagesServing
-from gateway.entrypoints.openai.route import openai_route, parse_body
+from gateway.entrypoints.openai.route import RouteDoc, openai_route, parse_body
 from gateway.entrypoints.tool_names import check_tool_names
 from gateway.errors import register_error_shape
 
@@ -29,9 +29,12 @@ class CountTokens(BaseModel):
 
 
 router = openai_route(
-    "/messages", MessagesRequest, MessagesServing, more_errors=(404, 504, OVERLOADED),
-    tag="anthropic", history="messages",
-)  # fmt: skip
+    "/messages",
+    MessagesRequest,
+    MessagesServing,
+    RouteDoc(more_errors=(404, 504, OVERLOADED), tag="anthropic"),
+    history="messages",
+)
 
 
 @router.post(

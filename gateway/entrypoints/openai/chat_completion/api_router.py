@@ -4,12 +4,12 @@ from openai.types.chat import ChatCompletion
 
 from gateway.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from gateway.entrypoints.openai.chat_completion.serving import ChatCompletionServing
-from gateway.entrypoints.openai.route import openai_route
+from gateway.entrypoints.openai.route import RouteDoc, openai_route
 
 router = openai_route(
     "/chat/completions",
     ChatCompletionRequest,
     ChatCompletionServing,
-    ChatCompletion,
+    RouteDoc(ChatCompletion),
     history="messages",
 )

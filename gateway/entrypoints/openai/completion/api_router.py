@@ -4,6 +4,6 @@ from openai.types import Completion
 
 from gateway.entrypoints.openai.completion.protocol import CompletionRequest
 from gateway.entrypoints.openai.completion.serving import CompletionServing
-from gateway.entrypoints.openai.route import openai_route
+from gateway.entrypoints.openai.route import RouteDoc, openai_route
 
-router = openai_route("/completions", CompletionRequest, CompletionServing, Completion)
+router = openai_route("/completions", CompletionRequest, CompletionServing, RouteDoc(Completion))
