@@ -63,6 +63,7 @@ def test_errors_filter_and_bad_input(fake_gateway, new_session):
             (f"/sessions/{broken}?style=nope", 400, "Unknown export style"),
             ("/sessions/sess-unknown", 404, "No session"),
             ("/sessions?meta=novalue", 400, "key=value"),
+            ("/sessions?status=gone", 400, "status must be active, ended or expired"),
             ("/runs/7", 404, "No run 7"),
         ]:
             r = http.get(base + url, headers=admin_headers())

@@ -23,6 +23,7 @@ from fastapi.responses import (
     Response,
 )
 from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, Field
 
 from gateway.errors import APIError, error_response
 from gateway.samples import EXPORT_STYLES
@@ -99,42 +100,56 @@ def _yes_no(value: str | None, yes: str = "yes", no: str = "no") -> bool | None:
     return True if value == yes else False if value == no else None
 
 
+class SessionsQuery(BaseModel):
+    """The session list's filters and page, as `/ui/sessions?...` gives them (FastAPI
+    reads a query-parameter model field by field; other parameters, `key`, pass by)."""
+
+    status: str | None = None  # active, ended or expired
+    reward: str | None = None  # present or missing
+    drift: str | None = None  # yes or no
+    errors: str | None = None  # yes or no: a tool call that did not parse, an aborted answer
+    run: str | None = None  # metadata run=
+    step: str | None = None  # metadata step=
+    agent: str | None = None  # metadata agent=
+    meta: list[str] | None = None  # key=value metadata filters
+    page: int = Field(1, ge=1, le=1_000_000)
+
+    def filters(self) -> SessionFilter:
+        """The store's filter; a ValueError says what the error page should."""
+        if self.status not in (None, "", "active", "ended", "expired"):
+            raise ValueError(f"status must be active, ended or expired, not {self.status!r}.")
+        named = (("run", self.run), ("step", self.step), ("agent", self.agent))
+        metadata = {k: v for k, v in named if v}
+        for item in self.meta or []:
+            if "=" not in item:
+                raise ValueError(f"meta filters look like key=value, not {item!r}.")
+            k, v = item.split("=", 1)
+            metadata[k.strip()] = v.strip()
+        return SessionFilter(
+            status=self.status or None,  # type: ignore[arg-type]
+            has_reward=_yes_no(self.reward, "present", "missing"),
+            drifted=_yes_no(self.drift),
+            errors=_yes_no(self.errors),
+            metadata=metadata,
+        )
+
+
 @router.get("", **_html_page())
 @router.get("/sessions", **_html_page())
 async def sessions_page(
-    request: Request,
-    state: State,
-    status: str | None = None,
-    reward: str | None = None,
-    drift: str | None = None,
-    errors: str | None = None,
-    run: str | None = None,
-    step: str | None = None,
-    agent: str | None = None,
-    meta: Annotated[list[str] | None, Query()] = None,
-    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+    request: Request, state: State, query: Annotated[SessionsQuery, Query()]
 ) -> Response:
     if (gate := _gate(request, state)) is not None:
         return gate
-    if status not in (None, "", "active", "ended", "expired"):
-        return _error(request, 400, f"status must be active, ended or expired, not {status!r}.")
-    metadata = {k: v for k, v in (("run", run), ("step", step), ("agent", agent)) if v}
-    for item in meta or []:
-        if "=" not in item:
-            return _error(request, 400, f"meta filters look like key=value, not {item!r}.")
-        k, v = item.split("=", 1)
-        metadata[k.strip()] = v.strip()
-    filters = SessionFilter(
-        status=status or None,  # type: ignore[arg-type]
-        has_reward=_yes_no(reward, "present", "missing"),
-        drifted=_yes_no(drift),
-        errors=_yes_no(errors),
-        metadata=metadata,
-    )
+    try:
+        filters = query.filters()
+    except ValueError as exc:
+        return _error(request, 400, str(exc))
+    page = query.page
     rows = await run_in_threadpool(
         state.repo.session_summaries, filters, PAGE_SIZE + 1, (page - 1) * PAGE_SIZE
     )
-    query = [(k, v) for k, v in request.query_params.multi_items() if k != "page"]
+    rest = [(k, v) for k, v in request.query_params.multi_items() if k != "page"]
     return _page(
         request,
         "sessions.html",
@@ -142,8 +157,8 @@ async def sessions_page(
         page=page,
         has_next=len(rows) > PAGE_SIZE,
         params=dict(request.query_params),
-        meta=meta or [],
-        page_url=lambda n: "/ui/sessions?" + urlencode([*query, ("page", n)]),
+        meta=query.meta or [],
+        page_url=lambda n: "/ui/sessions?" + urlencode([*rest, ("page", n)]),
     )
 
 
