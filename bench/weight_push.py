@@ -166,7 +166,8 @@ def section(embedded: dict[str, float], vllm: dict[str, float] | None, rounds: i
         "NCCL between GPUs is not measured: one GPU was lent, once, and NCCL refuses two",
         "ranks on one device. On that GPU (an H200) bench/gpu_check.sh moved a",
         "Qwen3-0.6B-shaped model's 1137 MiB of bf16 between two processes by CUDA IPC in",
-        "0.027 s (first push 0.067 s): docs/scaling.md.",
+        "0.027 s (first push 0.067 s), and through the trainer's own group (gloo, staged",
+        "through host memory, its choice for ranks sharing a GPU) in 0.50 s: docs/scaling.md.",
         END,
     ]
     return "\n".join(lines) + "\n"

@@ -20,7 +20,15 @@ import torch
 from gateway_helpers import ADMIN_KEY, admin_headers, assert_error_shape, bearer
 
 from bench.replicas import Replicas
-from gateway.inference.weight_broadcast import GroupSpec, Manifest, host_store, open_group, receive
+from gateway.inference.weight_broadcast import (
+    GroupSpec,
+    Manifest,
+    device_id,
+    group_backend,
+    host_store,
+    open_group,
+    receive,
+)
 from trainer.backend.weight_push import WeightPush, WeightPushError, gateway_root, push_weights
 
 QUESTION = [{"role": "user", "content": "Name three colours."}]
@@ -69,6 +77,19 @@ def test_a_bad_manifest_is_refused_before_anything_is_sent() -> None:
     assert gateway_root("127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
 
 
+def test_nccl_only_when_every_rank_has_a_gpu_of_its_own() -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected", seen on an H200) and
+    cannot reach CPU memory: those groups take gloo, which stages CUDA tensors."""
+    a, b = "cuda:GPU-0a1b", "cuda:GPU-9f8e"
+    assert group_backend([a, b]) == "nccl"  # a trainer GPU, an engine on another
+    assert group_backend([a, b, "cuda:GPU-77"]) == "nccl"
+    assert group_backend([a, a]) == "gloo"  # trainer and engine share the card
+    assert group_backend([a, b, b]) == "gloo"  # two engine workers on one card
+    assert group_backend([a, "cpu"]) == "gloo"  # a GPU trainer, a CPU engine
+    assert group_backend(["cpu", "cpu", "cpu"]) == "gloo"
+    assert device_id("cpu") == device_id(torch.device("cpu")) == "cpu"
+
+
 # ---- the admin routes ---------------------------------------------------------------------
 def test_weight_routes_need_the_admin_key_and_a_trainable_engine(
     fake_gateway, http, new_session
@@ -79,7 +100,13 @@ def test_weight_routes_need_the_admin_key_and_a_trainable_engine(
     err = assert_error_shape(http.get(f"{root}/admin/weights", headers=bearer(key)), 403)
     assert err["code"] == "admin_key_required"
     info = http.get(f"{root}/admin/weights", headers=admin_headers()).json()
-    assert info == {"engine": "fake", "policy_version": 0, "ranks": 0, "group_id": None}
+    assert info == {
+        "engine": "fake",
+        "policy_version": 0,
+        "ranks": 0,
+        "devices": [],
+        "group_id": None,
+    }
     # the fake engine takes no push: a clear 400, and the trainer's push says so
     body = {"group": {"host": "127.0.0.1", "port": 1, "world_size": 2}, "first_rank": 1}
     err = assert_error_shape(

@@ -2,7 +2,8 @@
 
 Admin key only. A trainer that did not start this gateway (or a gateway in another
 process) reaches its engine here:
-- `GET /admin/weights`: engine, policy version, how many ranks its engine takes;
+- `GET /admin/weights`: engine, policy version, the ranks its engine takes and the
+  device of each (the trainer picks the group's backend from them);
 - `POST /admin/weights` {version, path}: load a Hugging Face folder (the disk
   fallback; the folder must be readable where the engine runs);
 - `POST /admin/weights/group` {group, first_rank}: join the trainer's group
@@ -86,12 +87,17 @@ async def weights_info(request: Request, state: State, _: Admin) -> dict[str, An
     try:
         _, receiver = _slot(request, state)
     except APIError:
-        return {**info, "ranks": 0, "group_id": None}
+        return {**info, "ranks": 0, "devices": [], "group_id": None}
     try:
-        ranks = await receiver.ranks()
+        devices = await receiver.devices()
     except (EngineError, OSError) as exc:
         raise _failed(exc) from exc
-    return {**info, "ranks": ranks, "group_id": receiver.group_id or None}
+    return {
+        **info,
+        "ranks": len(devices),
+        "devices": devices,
+        "group_id": receiver.group_id or None,
+    }
 
 
 @router.post("")
@@ -128,7 +134,7 @@ async def join_group(
             await receiver.join(spec, body.first_rank)
         except Exception as exc:  # noqa: BLE001 - any rendezvous failure is the caller's 503
             raise _failed(exc) from exc
-    return {"group_id": spec.group_id, "ranks": await receiver.ranks()}
+    return {"group_id": spec.group_id, "ranks": len(await receiver.devices())}
 
 
 @router.post("/push")

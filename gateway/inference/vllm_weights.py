@@ -35,16 +35,18 @@ class VLLMWeightReceiver:
     def _servers(self) -> list[str]:
         return list(self.engine.update_urls or self.engine.urls)
 
-    async def ranks(self) -> int:
-        """How many ranks this engine takes in a group: one per worker of each server."""
+    async def devices(self) -> list[str]:
+        """One rank per worker of each server, in rank order: each worker's device."""
+        out: list[str] = []
         for url in self._servers:
-            results = await self._rpc(url, "turnstile_weight_rank", {})
+            results = await self._rpc(url, "turnstile_weight_device", {})
             self._workers[url] = len(results)
-        return sum(self._workers.values())
+            out += [str(device) for _, device in sorted(results)]
+        return out
 
     async def join(self, spec: GroupSpec, first_rank: int) -> None:
         if not self._workers:
-            await self.ranks()
+            await self.devices()
         calls = []
         rank = first_rank
         for url in self._servers:
@@ -96,7 +98,7 @@ class VLLMWeightReceiver:
         """A control call (its own httpx client: a push is rare, and its calls are long)."""
         headers = {k: v for k, v in self.engine._headers.items() if k == "Authorization"}
         try:
-            async with httpx.AsyncClient(timeout=self.engine.update_timeout_s) as client:
+            async with httpx.AsyncClient(timeout=self.engine.options.update_timeout_s) as client:
                 r = await client.post(f"{url}{path}", json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise EngineError(f"{url}{path}: {exc!r}") from exc

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.inference.weight_broadcast import GroupSpec, Manifest, open_group, receive
+from gateway.inference.weight_broadcast import (
+    GroupSpec,
+    Manifest,
+    device_id,
+    open_group,
+    receive,
+)
 
 
 class WeightReceiverExtension:
@@ -29,9 +35,10 @@ class WeightReceiverExtension:
     _turnstile_group: Any = None
     _turnstile_group_id: str = ""
 
-    def turnstile_weight_rank(self) -> int:
-        """This worker's rank among the server's workers (the gateway counts them)."""
-        return int(getattr(self, "rank", 0))
+    def turnstile_weight_device(self) -> tuple[int, str]:
+        """This worker's rank among the server's workers and its device (`device_id`):
+        the gateway counts the workers, the trainer picks the backend from the devices."""
+        return int(getattr(self, "rank", 0)), device_id(self._turnstile_device())
 
     def turnstile_join_weight_group(self, group: dict[str, Any], first_rank: int) -> int:
         """Join as rank `first_rank` + this worker's rank; blocks until all have joined."""

@@ -7,9 +7,11 @@ it, never torch's default group (DeepSpeed's ranks own that one), so engines on
 other machines can join a trainer that already runs distributed. vLLM's worker
 extension imports this module too, inside vLLM's own venv: it needs torch only.
 
-The backend follows the device: gloo for tensors in CPU memory, NCCL for tensors on
-a GPU, one GPU per rank (NCCL refuses two ranks on one device; bench/gpu_check.py
-moves weights between processes sharing a GPU through CUDA IPC instead). A manifest
+The backend follows the devices: NCCL when every rank holds its tensors on a GPU of
+its own, gloo otherwise (CPU memory, a CPU engine beside a GPU trainer, or two ranks
+sharing one GPU, which NCCL refuses: "Duplicate GPU detected"; gloo stages CUDA
+tensors through host memory). Each rank names its device by `device_id` (a GPU by its
+UUID, so two processes on one card are seen as one device). A manifest
 ([name, dtype, shape] per tensor, and the names tied to another) travels beside the
 group, over HTTP; only tensor bytes go through it. Tied weights (SmolLM2's
 `lm_head.weight` is `model.embed_tokens.weight`) are sent once.
@@ -116,6 +118,23 @@ def dtype_of(name: str) -> torch.dtype:
 def backend_for(device: torch.device | str) -> str:
     """gloo for CPU memory, NCCL for a GPU: the one choice the device makes."""
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def device_id(device: torch.device | str) -> str:
+    """What a rank says its device is: "cpu", or "cuda:<uuid>" for a GPU, the same
+    for every process on that card whatever its local index."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    return f"cuda:{torch.cuda.get_device_properties(device).uuid}"
+
+
+def group_backend(device_ids: list[str]) -> str:
+    """The backend for ranks on these devices (`device_id`s, the sender's first): NCCL
+    only when each holds a GPU of its own, else gloo."""
+    distinct = len(set(device_ids)) == len(device_ids)
+    on_gpus = all(d.startswith("cuda:") for d in device_ids)
+    return "nccl" if device_ids and on_gpus and distinct else "gloo"
 
 
 def open_group(

@@ -1,4 +1,5 @@
-"""An engine's side of a weight push: how many ranks it takes, joining, receiving.
+"""An engine's side of a weight push: the ranks it takes and their devices, joining,
+receiving.
 
 The gateway's admin routes (entrypoints/weights.py) call these; which receiver an
 engine gets is decided here, once. The embedded engine holds its rank in the gateway
@@ -15,14 +16,21 @@ from typing import Any, Protocol
 import torch
 
 from gateway.inference.base import EngineError, InferenceEngine, WeightUpdate
-from gateway.inference.weight_broadcast import GroupSpec, Manifest, open_group, receive
+from gateway.inference.weight_broadcast import (
+    GroupSpec,
+    Manifest,
+    device_id,
+    open_group,
+    receive,
+)
 
 
 class WeightReceiver(Protocol):
     group_id: str
 
-    async def ranks(self) -> int:
-        """How many ranks of the trainer's group this engine holds."""
+    async def devices(self) -> list[str]:
+        """The device (`device_id`) of each rank this engine holds in the trainer's group:
+        the trainer picks the group's backend from them."""
 
     async def join(self, spec: GroupSpec, first_rank: int) -> None:
         """Take ranks first_rank.. of the group; returns once all ranks have joined."""
@@ -42,8 +50,8 @@ class EmbeddedReceiver:
         self.group_id = ""
         self._group: Any = None
 
-    async def ranks(self) -> int:
-        return 1
+    async def devices(self) -> list[str]:
+        return [device_id(self.engine.device)]
 
     async def join(self, spec: GroupSpec, first_rank: int) -> None:
         await self.leave()

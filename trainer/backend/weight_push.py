@@ -34,7 +34,8 @@ import torch
 from gateway.inference.weight_broadcast import (
     GroupSpec,
     Manifest,
-    backend_for,
+    device_id,
+    group_backend,
     host_store,
     open_group,
     send,
@@ -154,17 +155,18 @@ class WeightPush:
     # ---- the group -------------------------------------------------------------------
     def _form_group(self, device: torch.device) -> None:
         self.close()
-        ranks = [int(self._get(u).get("ranks") or 0) for u in self.urls]
-        for url, n in zip(self.urls, ranks, strict=True):
-            if n < 1:
+        devices = [list(self._get(u).get("devices") or []) for u in self.urls]
+        for url, ids in zip(self.urls, devices, strict=True):
+            if not ids:
                 raise WeightPushError(
                     f"the engine behind {url} takes no weight push: name weight_sync: disk"
                 )
+        ranks = [len(ids) for ids in devices]
         spec = GroupSpec(
             self.host,
             0,
             1 + sum(ranks),
-            backend_for(device),
+            group_backend([device_id(device)] + [d for ids in devices for d in ids]),
             group_id=uuid.uuid4().hex[:12],
             timeout_s=self.timeout_s,
         )
