@@ -35,6 +35,7 @@ from gateway.inference.base import (
     SamplingParams,
     TokenChunk,
 )
+from gateway.inference.remote import ServerOptions
 from gateway.inference.routing import StickyRouter
 from gateway.inference.sglang import SGLangEngine
 from gateway.server import BackgroundGateway, free_port
@@ -336,7 +337,7 @@ async def test_router_url_sends_weight_updates_to_its_workers(fakes):
 async def test_context_refusal_is_context_length_exceeded(fakes, stream):
     fake = fakes(context_length=64)
     # The engine believes in a larger context than the server has: the server refuses.
-    async with running(SGLangEngine(fake.url, max_context=4096)) as engine:
+    async with running(SGLangEngine(fake.url, ServerOptions(max_context=4096))) as engine:
         with pytest.raises(ContextLengthExceeded) as info:
             await run(engine, list(range(3, 103)), SamplingParams(max_new_tokens=4), stream)
         assert (info.value.prompt_tokens, info.value.max_context) == (100, 64)
@@ -358,7 +359,7 @@ async def test_server_errors_and_dead_servers_are_engine_errors(fakes):
             await engine.generate(PROMPT, SamplingParams(max_new_tokens=2))
         assert not await engine.health()
     slow = fakes(token_delay_s=1.0)
-    async with running(SGLangEngine(slow.url, timeout_s=0.3)) as engine:
+    async with running(SGLangEngine(slow.url, ServerOptions(timeout_s=0.3))) as engine:
         with pytest.raises(EngineError, match="did not answer"):
             await engine.generate(PROMPT, SamplingParams(max_new_tokens=5))
 
@@ -475,7 +476,7 @@ def test_dead_sglang_is_503_and_the_gateway_keeps_serving(fakes, sglang_gateway)
 def test_sglang_context_refusal_is_a_400(fakes, sglang_gateway):
     fake = fakes(context_length=64)
     # An engine that believes in a larger context than the server has.
-    gw = sglang_gateway(fake, engine=SGLangEngine(fake.url, max_context=4096))
+    gw = sglang_gateway(fake, engine=SGLangEngine(fake.url, ServerOptions(max_context=4096)))
     _, key = create_session(gw.url)
     with http_client() as client:
         err = assert_error_shape(chat(client, gw, key, max_tokens=100), 400)

@@ -346,3 +346,26 @@ def test_vllm_context_refusal_is_a_400(fakes, vllm_gateway, tokenizer):
         err = assert_error_shape(r, 400)
         assert err["code"] == "context_length_exceeded"
         assert "64 tokens" in err["message"]
+
+
+def test_the_gateway_config_reaches_the_engine(monkeypatch) -> None:
+    """The update servers, fallback context, request timeout and `$VLLM_API_KEY` a
+    gateway is configured with are the ones its engine uses."""
+    from gateway.inference.registry import make_inference_engine
+    from gateway.inference.remote import ServerOptions
+
+    monkeypatch.setenv("VLLM_API_KEY", "sekrit")
+    config = GatewayConfig(
+        engine="vllm",
+        engine_urls=["a:8000"],
+        engine_update_urls=["b:8000"],
+        engine_max_context=1234,
+        request_timeout_s=7.0,
+    )
+    engine = make_inference_engine(config)
+    assert isinstance(engine, VLLMEngine)
+    assert engine.options == ServerOptions(
+        update_urls=("b:8000",), fallback_max_context=1234, timeout_s=7.0, api_key="sekrit"
+    )
+    assert engine.urls == ["http://a:8000"] and engine.update_urls == ["http://b:8000"]
+    assert engine.max_context == 1234  # until a server says its own

@@ -34,6 +34,7 @@ from gateway_helpers import (
 
 from gateway.config import GatewayConfig
 from gateway.inference.model_source import cache_root, resolve_model_dir
+from gateway.inference.remote import ServerOptions
 from gateway.inference.vllm import VLLMEngine
 from gateway.inference.vllm_weights import EXTENSION
 from gateway.server import BackgroundGateway, free_port
@@ -226,7 +227,7 @@ async def test_n_choices_and_context_length_refusals(vllm, gw):
         assert err["code"] == "context_length_exceeded"
     assert len(read_session(gw, session_id)["completions"]) == 2
     # vLLM's own refusal (an engine that believes in a longer context) is recognised
-    engine = VLLMEngine(vllm.url, max_context=4096)
+    engine = VLLMEngine(vllm.url, ServerOptions(max_context=4096))
     await engine.start()
     try:
         with pytest.raises(ContextLengthExceeded, match="2048 tokens"):

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gateway.config import GatewayConfig
 from gateway.inference.base import InferenceEngine
 from gateway.registry import Registry
+
+if TYPE_CHECKING:
+    from gateway.inference.remote import ServerOptions
 
 Builder = Callable[[GatewayConfig], InferenceEngine]
 
@@ -68,13 +71,7 @@ def _sglang(config: GatewayConfig) -> InferenceEngine:
             "the sglang engine needs the URL of an SGLang server or sglang-router "
             "(--engine-url http://host:30000, or gateway.engine_urls in the config)"
         )
-    return SGLangEngine(
-        config.engine_urls,
-        update_urls=config.engine_update_urls or None,
-        fallback_max_context=config.engine_max_context,
-        timeout_s=config.request_timeout_s,
-        api_key=os.environ.get("SGLANG_API_KEY") or None,
-    )
+    return SGLangEngine(config.engine_urls, _server_options(config, "SGLANG_API_KEY"))
 
 
 @register_inference_engine("vllm", weights="push", help="vLLM servers (token-in/token-out API)")
@@ -86,12 +83,19 @@ def _vllm(config: GatewayConfig) -> InferenceEngine:
             "the vllm engine needs the URL of a vLLM server "
             "(--engine-url http://host:8000, or gateway.engine_urls in the config)"
         )
-    return VLLMEngine(
-        config.engine_urls,
-        update_urls=config.engine_update_urls or None,
+    return VLLMEngine(config.engine_urls, _server_options(config, "VLLM_API_KEY"))
+
+
+def _server_options(config: GatewayConfig, api_key_env: str) -> ServerOptions:
+    """What the gateway's config (and the servers' API key, from the environment) says
+    about talking to external inference servers."""
+    from gateway.inference.remote import ServerOptions
+
+    return ServerOptions(
+        update_urls=tuple(config.engine_update_urls),
         fallback_max_context=config.engine_max_context,
         timeout_s=config.request_timeout_s,
-        api_key=os.environ.get("VLLM_API_KEY") or None,
+        api_key=os.environ.get(api_key_env) or None,
     )
 
 

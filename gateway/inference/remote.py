@@ -72,6 +72,45 @@ class Segment:
     finish: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentRequest:
+    """One server request: a segment of a generation (after an abort, the next one
+    carries the prompt plus the tokens made so far). `prompt_len` is the prompt's
+    length, for a refusal's message."""
+
+    url: str
+    body: Body
+    headers: dict[str, str] | None
+    stream: bool
+    prompt_len: int
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How the gateway talks to its inference servers; the defaults suit one server.
+
+    update_urls: where weight updates go; empty: `RemoteEngine._update_targets()`.
+    max_context: an override; None: asked from the servers at start().
+    fallback_max_context: when no server can tell (or none is up at start).
+    max_route_keys: sessions remembered by the sticky router (several servers).
+    max_resubmits: aborted segments in a row, without progress, before giving up.
+    api_key: the servers' `--api-key`, sent as a bearer token.
+    """
+
+    update_urls: tuple[str, ...] = ()
+    max_context: int | None = None
+    fallback_max_context: int = 4096
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    health_timeout_s: float = 30.0
+    update_timeout_s: float = 1800.0
+    max_connections: int = 1024
+    max_route_keys: int = 100_000
+    max_resubmits: int = 16
+    api_key: str | None = None
+
+
 def normalize_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if "://" not in url:
@@ -121,54 +160,25 @@ class RemoteEngine(InferenceEngine):
     label = "inference"  # the servers' name in messages: "the vLLM server at ..."
     # The server refuses prompt + max new tokens >= its context length minus this.
     context_margin = 0
+    # A header that carries the route key, for a router in front of several servers.
+    routing_header: str | None = None
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        update_urls: Sequence[str] | None = None,
-        max_context: int | None = None,
-        fallback_max_context: int = 4096,
-        timeout_s: float = 600.0,
-        connect_timeout_s: float = 5.0,
-        health_timeout_s: float = 30.0,
-        update_timeout_s: float = 1800.0,
-        max_connections: int = 1024,
-        max_route_keys: int = 100_000,
-        max_resubmits: int = 16,
-        routing_header: str | None = None,
-        api_key: str | None = None,
-    ) -> None:
-        """
-        urls: the servers (or one router in front of several). Several: sticky per
-            route key.
-        update_urls: where weight updates go; default: `_update_targets()`.
-        max_context: override; default: asked from the server at start().
-        fallback_max_context: when the server cannot tell (or is down at start).
-        routing_header: a header that carries the route key (for a router).
-        api_key: the servers' `--api-key`, sent as a bearer token.
-        """
+    def __init__(self, urls: str | Sequence[str], options: ServerOptions = ServerOptions()) -> None:
+        """urls: the servers (or one router in front of several). Several: sticky per
+        route key."""
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise ValueError(f"the {self.name} engine needs at least one server URL (--engine-url)")
+        self.options = options
         self.urls = [normalize_url(u) for u in url_list]
-        self.update_urls = [normalize_url(u) for u in update_urls] if update_urls else None
+        self.update_urls = [normalize_url(u) for u in options.update_urls] or None
         self.router = (
-            StickyRouter(self.urls, max_keys=max_route_keys) if len(self.urls) > 1 else None
+            StickyRouter(self.urls, max_keys=options.max_route_keys) if len(self.urls) > 1 else None
         )
-        self._max_context_override = max_context
-        self.fallback_max_context = fallback_max_context
         self._server_context: int | None = None
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.health_timeout_s = health_timeout_s
-        self.update_timeout_s = update_timeout_s
-        self.max_connections = max_connections
-        self.max_resubmits = max_resubmits
-        self.routing_header = routing_header
         self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        if options.api_key:
+            self._headers["Authorization"] = f"Bearer {options.api_key}"
         self._client: EngineHTTP | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
@@ -194,16 +204,7 @@ class RemoteEngine(InferenceEngine):
         """One generation request; `produced` tokens of it were made already."""
 
     @abc.abstractmethod
-    def _segment(
-        self,
-        url: str,
-        body: Body,
-        headers: dict[str, str] | None,
-        stream: bool,
-        seg: Segment,
-        prompt_len: int,
-        params: SamplingParams,
-    ) -> AsyncIterator[Tokens]:
+    def _segment(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
         """Send one request; yield tokens as they come; leave the finish in `seg.finish`.
 
         May raise the http_client errors (they are turned into engine errors here)."""
@@ -238,9 +239,9 @@ class RemoteEngine(InferenceEngine):
         self._update_lock = asyncio.Lock()
         self._client = EngineHTTP(
             headers=self._headers,
-            timeout_s=self.timeout_s,
-            connect_timeout_s=self.connect_timeout_s,
-            max_connections=self.max_connections,
+            timeout_s=self.options.timeout_s,
+            connect_timeout_s=self.options.connect_timeout_s,
+            max_connections=self.options.max_connections,
         )
         await self._client.start()
         if not await self._fetch_info():
@@ -264,11 +265,11 @@ class RemoteEngine(InferenceEngine):
 
     @property
     def max_context(self) -> int:
-        if self._max_context_override:
-            return self._max_context_override
+        if self.options.max_context:
+            return self.options.max_context
         if self._server_context:
             return self._server_context - self.context_margin
-        return self.fallback_max_context
+        return self.options.fallback_max_context
 
     async def health(self) -> bool:
         if self._client is None:
@@ -277,14 +278,14 @@ class RemoteEngine(InferenceEngine):
         if self.router is not None:
             for url, up in zip(self.urls, ok, strict=True):
                 (self.router.mark_up if up else self.router.mark_down)(url)
-        if any(ok) and self._server_context is None and self._max_context_override is None:
+        if any(ok) and self._server_context is None and self.options.max_context is None:
             await self._fetch_info()
         return any(ok)
 
     async def _healthy(self, url: str) -> bool:
         assert self._client is not None
         try:
-            r = await self._client.get(f"{url}/health", timeout=self.health_timeout_s)
+            r = await self._client.get(f"{url}/health", timeout=self.options.health_timeout_s)
         except HTTPFailed:
             return False
         return r.status == 200
@@ -307,7 +308,7 @@ class RemoteEngine(InferenceEngine):
     async def _get_json(self, url: str, path: str) -> Any:
         assert self._client is not None
         try:
-            r = await self._client.get(f"{url}{path}", timeout=self.connect_timeout_s + 10)
+            r = await self._client.get(f"{url}{path}", timeout=self.options.connect_timeout_s + 10)
         except HTTPFailed:
             return None
         if r.status != 200:
@@ -321,7 +322,7 @@ class RemoteEngine(InferenceEngine):
         """POST for a control endpoint (pause, load, ...); None on 200, else the error."""
         assert self._client is not None
         try:
-            r = await self._client.post(f"{url}{path}", body, timeout=self.update_timeout_s)
+            r = await self._client.post(f"{url}{path}", body, timeout=self.options.update_timeout_s)
         except HTTPFailed as exc:
             return f"{url}{path}: {exc}"
         if r.status != 200:
@@ -355,7 +356,7 @@ class RemoteEngine(InferenceEngine):
             raise ValueError("prompt must contain at least one token")
         if (
             self._server_context is None
-            and self._max_context_override is None
+            and self.options.max_context is None
             and self._info_task is None
             and time.monotonic() >= self._info_next_try
         ):  # the servers were down at start(): learn their context length once they answer
@@ -383,12 +384,11 @@ class RemoteEngine(InferenceEngine):
                 headers = (
                     {self.routing_header: route_key} if route_key and self.routing_header else None
                 )
+                req = SegmentRequest(url, body, headers, stream, len(prompt_ids), params)
                 seg = Segment()
                 segment_version: int | None = None
                 try:
-                    async for ids, lps, alts, weight_version in self._guarded(
-                        url, body, headers, stream, seg, len(prompt_ids), params
-                    ):
+                    async for ids, lps, alts, weight_version in self._guarded(req, seg):
                         if weight_version is not None:
                             v = weight_version
                             self._version = max(self._version, v)
@@ -425,7 +425,7 @@ class RemoteEngine(InferenceEngine):
                 # Aborted (a weight update paused the server, or someone aborted it):
                 # continue from where it stopped, as a new request.
                 stalled = 0 if seg.ids else stalled + 1
-                if stalled > self.max_resubmits:
+                if stalled > self.options.max_resubmits:
                     log.warning("giving up on a request aborted %d times: %s", stalled, finish)
                     break
                 if stalled:
@@ -448,25 +448,18 @@ class RemoteEngine(InferenceEngine):
             top_logprobs=top,
         )
 
-    async def _guarded(
-        self,
-        url: str,
-        body: Body,
-        headers: dict[str, str] | None,
-        stream: bool,
-        seg: Segment,
-        prompt_len: int,
-        params: SamplingParams,
-    ) -> AsyncIterator[Tokens]:
+    async def _guarded(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
         """`_segment` with HTTP failures turned into engine errors."""
+        url = req.url
         try:
-            async for item in self._segment(url, body, headers, stream, seg, prompt_len, params):
+            async for item in self._segment(req, seg):
                 yield item
         except ConnectFailed as exc:
             raise ServerUnreachable(self.label, url, exc) from exc
         except TimedOut as exc:
             raise EngineError(
-                f"the {self.label} server at {url} did not answer within {self.timeout_s:g} s"
+                f"the {self.label} server at {url} did not answer within "
+                f"{self.options.timeout_s:g} s"
             ) from exc
         except HTTPFailed as exc:
             raise EngineError(f"the {self.label} server at {url} failed: {exc}") from exc

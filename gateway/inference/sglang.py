@@ -34,7 +34,15 @@ from typing import Any
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams
 from gateway.inference.http_client import Body, HTTPFailed
-from gateway.inference.remote import RemoteEngine, Segment, Tokens, as_int, normalize_url
+from gateway.inference.remote import (
+    RemoteEngine,
+    Segment,
+    SegmentRequest,
+    ServerOptions,
+    Tokens,
+    as_int,
+    normalize_url,
+)
 from gateway.inference.sglang_protocol import (
     dumps,
     error_message,
@@ -54,23 +62,22 @@ class SGLangEngine(RemoteEngine):
     name = "sglang"
     label = "SGLang"
     context_margin = 1  # SGLang refuses input + max_new_tokens >= its context length
+    routing_header = ROUTING_HEADER
 
     def __init__(
         self,
         urls: str | Sequence[str],
+        options: ServerOptions | None = None,
         *,
         send_seed: bool = True,
-        routing_header: str | None = ROUTING_HEADER,
-        **kwargs: Any,
     ) -> None:
         """
         urls: SGLang servers, or one sglang-router. Several: sticky per route key.
-        update_urls: where weight updates go; default: the servers behind each URL
-            (an sglang-router is asked for its workers with `GET /list_workers`).
+        options.update_urls: where weight updates go; default: the servers behind each
+            URL (an sglang-router is asked for its workers with `GET /list_workers`).
         send_seed: send `sampling_seed` (SGLang >= 0.5.3; older servers refuse it).
-        Other options: `RemoteEngine`.
         """
-        super().__init__(urls, routing_header=routing_header, **kwargs)
+        super().__init__(urls, options or ServerOptions())
         self.send_seed = send_seed
 
     async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
@@ -104,22 +111,14 @@ class SGLangEngine(RemoteEngine):
     def _raise_if_refused(self, finish: dict[str, Any], url: str, prompt_len: int) -> None:
         raise_if_refused(finish, url, prompt_len)
 
-    async def _segment(
-        self,
-        url: str,
-        body: Body,
-        headers: dict[str, str] | None,
-        stream: bool,
-        seg: Segment,
-        prompt_len: int,
-        params: SamplingParams,
-    ) -> AsyncIterator[Tokens]:
+    async def _segment(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
         """Send one /generate; yield (ids, logprobs, top logprobs, weight version) as
         they come; leave the finish reason in `seg.finish`."""
         assert self._client is not None
+        url, prompt_len = req.url, req.prompt_len
         target = f"{url}/generate"
-        if not stream:
-            r = await self._client.post(target, body, headers=headers)
+        if not req.stream:
+            r = await self._client.post(target, req.body, headers=req.headers)
             if r.status != 200:
                 raise refusal(url, r.status, r.content, prompt_len)
             out = parse_output(r.content, url)
@@ -129,7 +128,7 @@ class SGLangEngine(RemoteEngine):
             if ids:
                 yield ids, lps, alts, as_int(out["meta_info"].get("weight_version"))
             return
-        async with self._client.stream(target, body, headers=headers) as r:
+        async with self._client.stream(target, req.body, headers=req.headers) as r:
             if r.status != 200:
                 raise refusal(url, r.status, await r.read(), prompt_len)
             async for payload in r.events():
@@ -173,7 +172,9 @@ class SGLangEngine(RemoteEngine):
         assert self._client is not None
         try:
             r = await self._client.post(
-                f"{url}/pause_generation", b'{"mode": "abort"}', timeout=self.update_timeout_s
+                f"{url}/pause_generation",
+                b'{"mode": "abort"}',
+                timeout=self.options.update_timeout_s,
             )
         except HTTPFailed as exc:
             return f"{url}/pause_generation: {exc}"
@@ -189,7 +190,7 @@ class SGLangEngine(RemoteEngine):
         assert self._client is not None
         try:
             r = await self._client.post(
-                f"{url}/continue_generation", b"{}", timeout=self.update_timeout_s
+                f"{url}/continue_generation", b"{}", timeout=self.options.update_timeout_s
             )
             if r.status != 200:
                 log.error("%s/continue_generation answered %d", url, r.status)
@@ -208,7 +209,9 @@ class SGLangEngine(RemoteEngine):
         }
         try:
             r = await self._client.post(
-                f"{url}/update_weights_from_disk", dumps(body), timeout=self.update_timeout_s
+                f"{url}/update_weights_from_disk",
+                dumps(body),
+                timeout=self.options.update_timeout_s,
             )
         except HTTPFailed as exc:
             return f"{url}: {exc}"

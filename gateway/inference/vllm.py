@@ -31,13 +31,13 @@ are stamped by the pause protocol (remote.py `_stamp`).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams
 from gateway.inference.http_client import Body
-from gateway.inference.remote import RemoteEngine, Segment, Tokens, as_int
+from gateway.inference.remote import RemoteEngine, Segment, SegmentRequest, Tokens, as_int
 from gateway.inference.vllm_protocol import (
     GENERATE_PATH,
     choice_tokens,
@@ -63,10 +63,6 @@ class VLLMEngine(RemoteEngine):
     label = "vLLM"
     context_margin = 0  # vLLM serves prompt + max_tokens up to max_model_len
 
-    def __init__(self, urls: str | Sequence[str], **kwargs: Any) -> None:
-        """urls: vLLM servers; several: sticky per session. Options: `RemoteEngine`."""
-        super().__init__(urls, **kwargs)
-
     async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
         ctx: int | None = None
         version: int | None = None
@@ -83,21 +79,12 @@ class VLLMEngine(RemoteEngine):
     ) -> Body:
         return generate_body(input_ids, params, produced, stream)
 
-    async def _segment(
-        self,
-        url: str,
-        body: Body,
-        headers: dict[str, str] | None,
-        stream: bool,
-        seg: Segment,
-        prompt_len: int,
-        params: SamplingParams,
-    ) -> AsyncIterator[Tokens]:
+    async def _segment(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
         assert self._client is not None
-        top_k = params.top_logprobs
+        url, prompt_len, top_k = req.url, req.prompt_len, req.params.top_logprobs
         target = f"{url}{GENERATE_PATH}"
-        if not stream:
-            r = await self._client.post(target, body, headers=headers)
+        if not req.stream:
+            r = await self._client.post(target, req.body, headers=req.headers)
             if r.status != 200:
                 raise refusal(url, r.status, r.content, prompt_len)
             choice = parse_choice(r.content, url, prompt_len)
@@ -109,7 +96,7 @@ class VLLMEngine(RemoteEngine):
                 if end > start:
                     yield ids[start:end], lps[start:end], alts[start:end], version
             return
-        async with self._client.stream(target, body, headers=headers) as r:
+        async with self._client.stream(target, req.body, headers=req.headers) as r:
             if r.status != 200:
                 raise refusal(url, r.status, await r.read(), prompt_len)
             async for payload in r.events():
