@@ -369,3 +369,4 @@ def test_the_gateway_config_reaches_the_engine(monkeypatch) -> None:
     )
     assert engine.urls == ["http://a:8000"] and engine.update_urls == ["http://b:8000"]
     assert engine.max_context == 1234  # until a server says its own
+    assert "sekrit" not in repr(engine.options)  # settings may be logged; the key may not

@@ -608,7 +608,10 @@ class Trainer:
         a = self.config.rollout.agent
         ray = {"address": self.config.ray.address, "num_cpus": a.num_cpus, "resources": a.resources}
         return AgentPlacement(
-            a.mode, a.subproc_max_workers, a.max_retries, ray if a.mode == "ray" else None
+            mode=a.mode,
+            subproc_max_workers=a.subproc_max_workers,
+            max_retries=a.max_retries,
+            ray=ray if a.mode == "ray" else None,
         )
 
     def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:

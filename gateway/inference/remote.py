@@ -108,7 +108,7 @@ class ServerOptions:
     max_connections: int = 1024
     max_route_keys: int = 100_000
     max_resubmits: int = 16
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a log line
 
 
 def normalize_url(url: str) -> str:
