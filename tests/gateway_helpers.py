@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +12,7 @@ import openai
 import sqlalchemy as sa
 
 from gateway.server import BackgroundGateway
+from gateway.store.codec import unpack_ints
 from gateway.store.database import database_url
 
 ADMIN_KEY = "admin-test"
@@ -107,6 +109,19 @@ def store_connection(database: str) -> Iterator[sa.Connection]:
             yield conn
     finally:
         engine.dispose()
+
+
+def recorded(database: str) -> tuple[dict[str, dict], list[tuple[str, str, set[int]]]]:
+    """What the gateways sharing one store committed to it: each session's metadata, and
+    each completion as (id, session id, the policy versions its tokens carry)."""
+    with store_connection(database) as conn:
+        sessions = {
+            sid: meta if isinstance(meta, dict) else json.loads(meta)
+            for sid, meta in conn.execute(sa.text("SELECT id, metadata FROM sessions"))
+        }
+        rows = conn.execute(sa.text("SELECT id, session_id, output_versions FROM completions"))
+        completions = [(cid, sid, set(unpack_ints(blob))) for cid, sid, blob in rows]
+    return sessions, completions
 
 
 async def list_sessions(gw: Any, http: httpx.AsyncClient) -> list[dict[str, Any]]:

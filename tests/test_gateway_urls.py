@@ -12,11 +12,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
+from gateway_helpers import recorded
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
 from bench.replicas import Replicas
-from gateway.store.codec import unpack_ints
 from trainer.api import Trainer
 from trainer.loading import WorkflowError
 from trainer.rollout.gateways import RemoteGateways, v1_url
@@ -71,17 +70,8 @@ def test_a_run_through_two_replicas_records_each_session_on_its_gateway_at_the_r
     # both engines serve the last push
     assert {s["policy_version"] for s in served.values()} == {2}
 
-    db = sa.create_engine(database)
-    with db.connect() as conn:
-        sessions = {
-            sid: meta if isinstance(meta, dict) else json.loads(meta)
-            for sid, meta in conn.execute(sa.text("SELECT id, metadata FROM sessions"))
-        }
-        completions = list(
-            conn.execute(sa.text("SELECT session_id, output_versions FROM completions"))
-        )
-    db.dispose()
-    by_session = Counter(sid for sid, _ in completions)
+    sessions, completions = recorded(database)
+    by_session = Counter(sid for _, sid, _ in completions)
     # every trained session was recorded once (two turns) on the gateway it was sent to,
     # and the replicas shared the sessions out evenly
     trained = [sid for m in metrics for sid in m["sessions"]]
@@ -95,9 +85,9 @@ def test_a_run_through_two_replicas_records_each_session_on_its_gateway_at_the_r
     # step 1 sampled version 0, step 2 version 1, on both replicas
     for step, version in ((0, 0), (1, 1)):
         for sid in metrics[step]["sessions"]:
-            for session_id, blob in completions:
+            for _, session_id, versions in completions:
                 if session_id == sid:
-                    assert set(unpack_ints(blob)) == {version}, (sid, sessions[sid])
+                    assert versions == {version}, (sid, sessions[sid])
     assert (result.checkpoint / "tokenizer.json").is_file()
 
 
@@ -163,18 +153,9 @@ def test_the_trainer_starts_replicas_as_ray_actors_and_trains_through_them(
         ray.shutdown()
     metrics = [json.loads(line) for line in result.metrics.read_text().splitlines()]
     assert all(m["episodes"] == 2 and m["episode_errors"] == 0 for m in metrics)
-    db = sa.create_engine(database)
-    with db.connect() as conn:
-        meta = dict(conn.execute(sa.text("SELECT id, metadata FROM sessions")).all())
-        versions = list(
-            conn.execute(sa.text("SELECT session_id, output_versions FROM completions"))
-        )
-    db.dispose()
+    sessions, completions = recorded(database)
     # two replicas (each its own URL), a session each per step; step 2 sampled version 1
-    gateways = {
-        json.loads(m)["gateway"] if isinstance(m, str) else m["gateway"] for m in meta.values()
-    }
-    assert len(gateways) == 2
-    for sid, blob in versions:
+    assert len({meta["gateway"] for meta in sessions.values()}) == 2
+    for _, sid, versions in completions:
         step = 0 if sid in metrics[0]["sessions"] else 1
-        assert set(unpack_ints(blob)) == {step}
+        assert versions == {step}

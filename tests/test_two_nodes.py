@@ -31,12 +31,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-import sqlalchemy as sa
 import yaml
+from gateway_helpers import recorded
 from netns_cluster import TwoNodes, child_named, wait_for
 from trainer_helpers import make_tiny_model
-
-from gateway.store.codec import unpack_ints
 
 pytest.importorskip("ray", reason="Ray is the optional extra turnstile-rl[ray]")
 pytestmark = [
@@ -243,16 +241,7 @@ def test_agents_gateways_and_trainer_ranks_across_two_nodes(postgres, tmp_path, 
     # every agent ran on node B
     assert {r["node_ip"] for r in by_completion.values()} == {b.ip}
 
-    db = sa.create_engine(database)
-    with db.connect() as conn:
-        sessions = {
-            sid: meta if isinstance(meta, dict) else json.loads(meta)
-            for sid, meta in conn.execute(sa.text("SELECT id, metadata FROM sessions"))
-        }
-        completions = list(
-            conn.execute(sa.text("SELECT id, session_id, output_versions FROM completions"))
-        )
-    db.dispose()
+    sessions, completions = recorded(database)
     per_session = Counter(sid for _, sid, _ in completions)
     for step in metrics[:2]:
         assert step["episodes"] == EPISODES_PER_STEP and step["episode_errors"] == 0
@@ -265,7 +254,7 @@ def test_agents_gateways_and_trainer_ranks_across_two_nodes(postgres, tmp_path, 
         assert committed[url] == sum(1 for _, sid, _ in completions
                                      if sessions[sid]["gateway"] == url)  # fmt: skip
     # both gateways served each step; step 2's tokens carry version 1, on both
-    versions = {sid: set(unpack_ints(blob)) for _, sid, blob in completions}
+    versions = {sid: got for _, sid, got in completions}
     for step, version in ((0, 0), (1, 1)):
         used = {sessions[sid]["gateway"] for sid in metrics[step]["sessions"]}
         assert used == set(gateways)
