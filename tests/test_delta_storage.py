@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,25 @@ def test_each_turn_keeps_its_lists_json_for_its_child() -> None:
         Full(second, [1, 2, 3], [4], kept2), edited, [1, 2, 3, 4, 5], lists_json={}
     )
     assert cols["request"]["set"] == {"messages": edited["messages"]}
+
+
+def test_the_lists_json_a_turn_keeps_costs_its_length() -> None:
+    """A parent cache holds thousands of turns' JSON: each must hold its own bytes, not
+    the encoder's whole write buffer (orjson's is 4 kB at least, however short the JSON)."""
+    turns = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(200)]
+    tracemalloc.start()
+    try:
+        kept = [{} for _ in turns]
+        for request, lists_json in zip(turns, kept, strict=True):
+            delta_columns(None, request, [1], lists_json=lists_json)
+        held = sum(
+            t.size for t in tracemalloc.take_snapshot().traces
+            if t.traceback[0].filename == json_codec.__file__
+        )  # fmt: skip
+    finally:
+        tracemalloc.stop()
+    length = sum(len(k["messages"][1]) for k in kept)
+    assert held < 2 * length + 64 * len(turns), (held, length)
 
 
 def test_a_history_holding_its_parents_very_messages_extends_it_without_json() -> None:

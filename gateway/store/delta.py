@@ -169,6 +169,7 @@ def _kept_json(lists_json: ListsJson | None, key: str, value: list[Any]) -> byte
         return known[1]
     data = _json_or_none(value)
     if data is not None:
+        data = json_codec.right_sized(data)  # kept with the turn's answer
         lists_json[key] = (len(value), data)
     return data
 
