@@ -25,6 +25,7 @@ import hmac
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from fastapi import Request
@@ -100,6 +101,9 @@ class KeyRing:
         # by the key itself: a request that hits hashes nothing (the store keeps digests)
         self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
         self._keys: LRU[str, str] = LRU(cache_size)  # session id -> its key
+        # what else keeps a session's state (its answers, bodies): told when the session
+        # ends, here or (through the poll) on another replica, so that they drop it
+        self.on_end: list[Callable[[str], None]] = []
         self._ended_since = time.time() - CLOCK_SKEW_S
 
     def is_admin_key(self, key: str | None) -> bool:
@@ -148,9 +152,12 @@ class KeyRing:
         self._ended_since = wall - CLOCK_SKEW_S
 
     def forget(self, session_id: str) -> None:
+        """The session ended: its key and everything kept for its next turns go."""
         key = self._keys.pop(session_id)
         if key is not None:
             self._cache.pop(key)
+        for drop in self.on_end:
+            drop(session_id)
 
     def remember(self, key: str, info: SessionInfo) -> None:
         self._put(key, info, time.monotonic())

@@ -3,14 +3,17 @@ except the ASCII encoder's pre-tokens (gateway/chat/ascii_encoder.py), looked up
 of times a request, where two generations of plain dicts stand in for it.
 
 Bounded by entries and, where entries differ in size (a long session's parent holds its
-whole prompt), also by their total weight: whichever bound is hit first evicts.
+whole prompt), also by their total weight: whichever bound is hit first evicts. Where
+keys belong to a session, `group` names it, and an ended session's entries all go at
+once (`drop_group`): in a gateway whose sessions end, the caches then hold only the
+live sessions' state, not the latest few thousand sessions' (docs/benchmarks.md, rss).
 """
 
 from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 from gateway.frozen import all_frozen, freeze
@@ -26,6 +29,7 @@ class LRU(Generic[K, V]):
         *,
         max_weight: int | None = None,
         weigh: Callable[[V], int] | None = None,
+        group: Callable[[K], Hashable] | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"an LRU cache needs room for at least 1 entry, got {max_entries}")
@@ -36,6 +40,8 @@ class LRU(Generic[K, V]):
         self._weigh = weigh
         self.weight = 0
         self._data: OrderedDict[K, V] = OrderedDict()
+        self._group = group
+        self._groups: dict[Hashable, set[K]] = {}  # group -> its keys (with `group`)
 
     def get(self, key: K) -> V | None:
         value = self._data.get(key)
@@ -48,21 +54,34 @@ class LRU(Generic[K, V]):
         self._data[key] = value
         if self._weigh is not None:
             self.weight += self._weigh(value)
+        if self._group is not None:
+            self._groups.setdefault(self._group(key), set()).add(key)
         while len(self._data) > self.max_entries or (
             self.max_weight is not None and self.weight > self.max_weight and self._data
         ):
-            _, old = self._data.popitem(last=False)
-            self._unweigh(old)
+            self._removed(*self._data.popitem(last=False))
 
     def pop(self, key: K) -> V | None:
         value = self._data.pop(key, None)
         if value is not None:
-            self._unweigh(value)
+            self._removed(key, value)
         return value
 
-    def _unweigh(self, value: V) -> None:
+    def drop_group(self, group: Hashable) -> None:
+        """Forget every entry whose key is in `group` (needs `group` at construction)."""
+        for key in self._groups.pop(group, ()):
+            value = self._data.pop(key)
+            if self._weigh is not None:
+                self.weight -= self._weigh(value)
+
+    def _removed(self, key: K, value: V) -> None:
         if self._weigh is not None:
             self.weight -= self._weigh(value)
+        if self._group is not None:
+            keys = self._groups[g := self._group(key)]
+            keys.discard(key)
+            if not keys:
+                del self._groups[g]
 
     def items(self) -> list[tuple[K, V]]:
         return list(self._data.items())

@@ -40,11 +40,20 @@ class GatewayState:
     bodies: IncrementalBodies
     handlers: dict[type, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # a session's state goes when it ends (auth.py), from every cache that keeps some
+        self.keys.on_end += [
+            self.stages.prompts.forget,
+            self.bodies.forget,
+            self.engine.forget_route,
+        ]
+
     def serving(self, cls: type[H]) -> H:
         """The one handler of an endpoint (e.g. ChatCompletionServing), made on first use."""
         handler = self.handlers.get(cls)
         if handler is None:
             handler = self.handlers[cls] = cls(self.stages)  # type: ignore[call-arg]
+            self.keys.on_end.append(handler.forget)
         return handler
 
 

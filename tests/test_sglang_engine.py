@@ -290,6 +290,9 @@ async def test_sessions_stick_to_one_server_and_spread_across_servers(fakes):
                     PROMPT, SamplingParams(max_new_tokens=2), route_key=f"s{session}"
                 )
         assert await engine.update_weights_from_disk("/ckpt/1") == 1
+        engine.forget_route("s0")  # an ended session's server is forgotten, the others kept
+        assert engine.router.server_for("s0") is None and len(engine.router) == 5
+        assert sum(engine.router.assigned.values()) == 5
     seen = {}
     for index, server in enumerate(servers):
         keys = server.routing_keys

@@ -30,6 +30,7 @@ setting) is parsed whole, as before.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,10 @@ class IncrementalBodies:
     ) -> None:
         # by (session, request model): a body is built on one its own endpoint validated
         self._priors: LRU[tuple[str, type], list[_Prior]] = LRU(
-            max_sessions, max_weight=max_bytes, weigh=lambda ps: sum(len(p.body) for p in ps)
+            max_sessions,
+            max_weight=max_bytes,
+            weigh=lambda ps: sum(len(p.body) for p in ps),
+            group=operator.itemgetter(0),
         )
         self.per_session = per_session
         # smaller bodies are parsed whole: that costs ~1 us a kB, less than the compares,
@@ -99,6 +103,10 @@ class IncrementalBodies:
         if isinstance(items, list) and items:
             self._keep(key, [_Prior(raw, items), *priors])
         return request, request_hash(raw)
+
+    def forget(self, session_id: str) -> None:
+        """An ended session sends no more bodies: its own need not be kept."""
+        self._priors.drop_group(session_id)
 
     def _keep(self, key: tuple[str, type], priors: list[_Prior]) -> None:
         self._priors.put(key, priors[: self.per_session])

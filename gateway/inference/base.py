@@ -100,6 +100,9 @@ class InferenceEngine(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called once on shutdown."""
 
+    def forget_route(self, route_key: str) -> None:  # noqa: B027 - optional hook
+        """The conversation `route_key` named has ended: no server need be kept for it."""
+
     @abc.abstractmethod
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None

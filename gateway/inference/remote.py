@@ -464,6 +464,10 @@ class RemoteEngine(InferenceEngine):
         except HTTPFailed as exc:
             raise EngineError(f"the {self.label} server at {url} failed: {exc}") from exc
 
+    def forget_route(self, route_key: str) -> None:
+        if self.router is not None:
+            self.router.forget(route_key)
+
     def _pick(self, route_key: str | None) -> str:
         if self.router is None:
             return self.urls[0]

@@ -202,6 +202,9 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
     def replay(self, req: Req, rows: list[dict[str, Any]]) -> Any:
         """Answer a client retry from the original's records: no second sample."""
 
+    def forget(self, session_id: str) -> None:  # noqa: B027 - optional step
+        """Drop what the endpoint keeps of a session that has ended."""
+
     def stream_start(self, p: Prepared) -> list[bytes]:
         return []
 

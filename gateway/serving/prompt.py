@@ -15,6 +15,7 @@ the turn that continues it.
 from __future__ import annotations
 
 import asyncio
+import operator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +33,7 @@ from gateway.store.repository import Repository, SessionInfo
 
 Messages = list[dict[str, Any]]
 Tools = list[dict[str, Any]] | None
+_session = operator.itemgetter(0)  # the session id of a (session id, ...) cache key
 
 
 @dataclass(slots=True)
@@ -77,10 +79,13 @@ class Prompts:
             config.parent_cache_size,
             max_weight=config.parent_cache_tokens,
             weigh=lambda p: len(p.prompt_ids) + len(p.output_ids),
+            group=_session,
         )
         # (session id, messages before the answer) -> the answers' hashes, newest last:
         # where a request's conversation hash resumes from (`_link`)
-        self._answered: LRU[tuple[str, int], tuple[str, ...]] = LRU(config.parent_cache_size)
+        self._answered: LRU[tuple[str, int], tuple[str, ...]] = LRU(
+            config.parent_cache_size, group=_session
+        )
 
     async def chat(
         self,
@@ -162,6 +167,11 @@ class Prompts:
             answered = self._answered.get(key) or ()
             # one entry per choice of a request; a few more for re-sent turns
             self._answered.put(key, (*answered[-2 * self.max_n :], answer_hash))
+
+    def forget(self, session_id: str) -> None:
+        """An ended session takes no more turns: its answers need not be kept."""
+        self.recent.drop_group(session_id)
+        self._answered.drop_group(session_id)
 
     # ---- link ------------------------------------------------------------------------
     async def _link(

@@ -18,6 +18,7 @@ The model's reasoning comes back as `thinking` blocks signed for the session
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable
 from functools import partial
@@ -91,11 +92,17 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
         size = self.config.parent_cache_size
         # (session id, message id) -> {tool_use id: arguments generated}: saves a DB read
         # per turn. By session too: a `toolu_` id names its answer, not who may read it
-        self._arguments: LRU[tuple[str, str], dict[str, str]] = LRU(size)
+        self._arguments: LRU[tuple[str, str], dict[str, str]] = LRU(
+            size, group=operator.itemgetter(0)
+        )
         # session id -> the model its agent talks to (a request naming another is a side one)
         self._main_model: LRU[str, str] = LRU(size)
         # a history's (system prompt, chat form) (see `chat_of`)
         self._chats: HistoryMemo[tuple[Any, list[dict[str, Any]]]] = HistoryMemo(size)
+
+    def forget(self, session_id: str) -> None:
+        self._arguments.drop_group(session_id)
+        self._main_model.pop(session_id)
 
     def validate(self, req: MessagesRequest) -> None:
         check_tool_choice(p_.chat_tool_choice(req.tool_choice), p_.chat_tools(req.tools))
