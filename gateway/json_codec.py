@@ -28,7 +28,7 @@ def dumps(data: Any) -> bytes:
 
 def right_sized(data: bytes) -> bytes:
     """A copy of `dumps`'s bytes as long as the JSON, for bytes a cache keeps. orjson
-    (3.12 on) hands back its whole write buffer, however short the JSON: 4 kB at least,
+    (3.13 here) hands back its whole write buffer, however short the JSON: 4 kB at least,
     ~65 kB for a 5 kB string; 16 MB over the parents of a full default parent cache."""
     return bytes(memoryview(data))
 
