@@ -7,7 +7,7 @@ absent: then text passes through as content.
 
 from __future__ import annotations
 
-from gateway.chat.events import ContentEvent, Event, ToolCall
+from gateway.chat.events import ContentEvent, Event, ToolCall, content_events
 from gateway.chat.parsers import ReasoningParser, ToolParser
 
 
@@ -18,7 +18,7 @@ class OutputParser:
         self._content: list[str] = []  # when there is no tool parser
 
     def feed(self, text: str) -> list[Event]:
-        events = self.reasoning_parser.feed(text) if self.reasoning_parser else _content(text)
+        events = self.reasoning_parser.feed(text) if self.reasoning_parser else content_events(text)
         return self._tools(events)
 
     def finish(self) -> list[Event]:
@@ -57,7 +57,3 @@ class OutputParser:
     def failures(self) -> int:
         """Tool calls that did not parse (returned as content)."""
         return self.tool_parser.failures if self.tool_parser else 0
-
-
-def _content(text: str) -> list[Event]:
-    return [ContentEvent(text)] if text else []

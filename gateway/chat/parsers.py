@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import abc
 import json
+import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from gateway.chat.detokenize import partial_suffix_len
-from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall, ToolCallEvent
+from gateway.chat.events import Event, ReasoningEvent, ToolCall, ToolCallEvent, content_events
 from gateway.registry import Registry
 
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+Calls = list[tuple[str, str]]  # (name, arguments JSON) of each call
 
 
 class ToolParser(abc.ABC):
@@ -45,7 +45,7 @@ class ToolParser(abc.ABC):
 
     def new_id(self) -> str:
         """A new call's id (a family whose template checks ids overrides it)."""
-        return new_call_id()
+        return "call_" + uuid.uuid4().hex[:24]
 
     @abc.abstractmethod
     def feed(self, text: str) -> list[Event]: ...
@@ -53,6 +53,19 @@ class ToolParser(abc.ABC):
     @abc.abstractmethod
     def finish(self) -> list[Event]:
         """Events for what was held back, once the answer is complete."""
+
+    def _say(self, text: str) -> list[Event]:
+        if text:
+            self.content_parts.append(text)
+        return content_events(text)
+
+    def _record(self, calls: Calls) -> list[Event]:
+        events: list[Event] = []
+        for name, arguments in calls:
+            call = ToolCall(self.new_id(), name, arguments)
+            events.append(ToolCallEvent(len(self.tool_calls), call))
+            self.tool_calls.append(call)
+        return events
 
 
 def arguments_json(args: Any) -> str | None:
@@ -71,6 +84,27 @@ def arguments_json(args: Any) -> str | None:
     if not isinstance(args, dict):
         return None
     return json.dumps(args, ensure_ascii=False)
+
+
+def json_call(
+    item: Any, keys: tuple[str, str] = ("arguments", "parameters")
+) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a `{"name", keys[0] | keys[1]}` object, else None."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = arguments_json(item.get(keys[0], item.get(keys[1])))
+    return None if arguments is None else (item["name"], arguments)
+
+
+def each_match(
+    pattern: re.Pattern[str], body: str, call: Callable[[re.Match[str]], Any]
+) -> list[Any] | None:
+    """`call(match)` of each match of `pattern`; None unless there is one, every one is
+    a call, and the matches leave only whitespace of `body`."""
+    calls = [call(m) for m in pattern.finditer(body)]
+    if not calls or None in calls or pattern.sub("", body).strip():
+        return None
+    return calls
 
 
 class BlockToolParser(ToolParser):
@@ -92,9 +126,9 @@ class BlockToolParser(ToolParser):
         self._held_ws = ""
 
     @abc.abstractmethod
-    def parse_block(self, body: str) -> list[tuple[str, str]] | None:
-        """(name, arguments JSON) of each call in one block; None if it does not parse
-        (`[]`: a block that says "no call", as SmolLM2's `[]`)."""
+    def parse_block(self, body: str) -> Calls | None:
+        """The calls in one block; None if it does not parse (`[]`: a block that says
+        "no call", as SmolLM2's `[]`)."""
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -104,57 +138,45 @@ class BlockToolParser(ToolParser):
                 start = self._buf.find(self.open)
                 if start < 0:
                     ready = len(self._buf) - partial_suffix_len(self._buf, (self.open,))
-                    self._content(self._buf[:ready], events)
+                    events += self._content(self._buf[:ready])
                     self._buf = self._buf[ready:]
                     break
-                self._content(self._buf[:start], events)
+                events += self._content(self._buf[:start])
                 self._buf = self._buf[start + len(self.open) :]
                 self._in_call = True
             else:
                 end = self._buf.find(self.close)
                 if end < 0:
                     break
-                self._block(self._buf[:end], closed=True, events=events)
+                events += self._block(self._buf[:end], closed=True)
                 self._buf = self._buf[end + len(self.close) :]
                 self._in_call = False
         return events
 
     def finish(self) -> list[Event]:
-        events: list[Event] = []
-        if self._in_call:  # cut off, or the model forgot the closing marker
-            self._block(self._buf, closed=False, events=events)
-        else:
-            self._content(self._buf, events)
-        self._buf = ""
+        text, self._buf = self._buf, ""
+        # cut off, or the model forgot the closing marker
+        events = self._block(text, closed=False) if self._in_call else self._content(text)
         if self._held_ws and not self.tool_calls:
-            self._emit(self._held_ws, events)
+            events += self._say(self._held_ws)
         self._held_ws = ""
         return events
 
-    def _block(self, body: str, closed: bool, events: list[Event]) -> None:
+    def _block(self, body: str, closed: bool) -> list[Event]:
         calls = self.parse_block(body)
         if calls is None:
             self.failures += 1
-            self._content(self.open + body + (self.close if closed else ""), events)
-            return
-        for name, arguments in calls:
-            call = ToolCall(self.new_id(), name, arguments)
-            events.append(ToolCallEvent(len(self.tool_calls), call))
-            self.tool_calls.append(call)
+            return self._content(self.open + body + (self.close if closed else ""))
+        return self._record(calls)
 
-    def _content(self, text: str, events: list[Event]) -> None:
+    def _content(self, text: str) -> list[Event]:
         """Trailing whitespace waits: it may be the gap before a tool call (dropped)."""
         if not text:
-            return
+            return []
         text = self._held_ws + text
         body = text.rstrip()
         self._held_ws = text[len(body) :]
-        if body:
-            self._emit(body, events)
-
-    def _emit(self, text: str, events: list[Event]) -> None:
-        self.content_parts.append(text)
-        events.append(ContentEvent(text))
+        return self._say(body)
 
 
 class ReasoningParser(abc.ABC):
@@ -185,9 +207,7 @@ class ReasoningParser(abc.ABC):
         self.reasoning_parts.append(text)
         return [ReasoningEvent(text)]
 
-    @staticmethod
-    def _say(text: str) -> list[Event]:
-        return [ContentEvent(text)] if text else []
+    _say = staticmethod(content_events)
 
 
 # by name (`--tool-parser`, `--reasoning-parser`, vLLM's names); filled by the families

@@ -72,36 +72,38 @@ def ordered() -> list[Family]:
     return sorted(FAMILIES.values(), key=lambda f: (f.generic, f.name))
 
 
+def _detected(chat_template: Any, test: str, generic: bool | None = None) -> Family | None:
+    """The first family (in `ordered()`, of `generic` kind if given) whose detector
+    `test` ("teaches_tools" or "shows_reasoning") accepts the template's text."""
+    if isinstance(chat_template, str):
+        for family in ordered():
+            detect = getattr(family, test)
+            if generic in (None, family.generic) and detect and detect(chat_template):
+                return family
+    return None
+
+
 def family_of(chat_template: Any) -> Family | None:
     """The family the template is of: the first whose tool-call format, else reasoning
     format, it shows (a specific family before a generic one)."""
-    if not isinstance(chat_template, str):
-        return None
-    for generic in (False, True):
-        for test in ("teaches_tools", "shows_reasoning"):
-            for family in ordered():
-                detect = getattr(family, test)
-                if family.generic == generic and detect is not None and detect(chat_template):
-                    return family
-    return None
+    found = (
+        _detected(chat_template, test, generic)
+        for generic in (False, True)
+        for test in ("teaches_tools", "shows_reasoning")
+    )
+    return next(filter(None, found), None)
 
 
 def detect_tool_parser(chat_template: Any, default: str) -> str:
     """The parser for the call format this template teaches the model (else `default`)."""
-    if isinstance(chat_template, str):
-        for family in ordered():
-            if family.teaches_tools is not None and family.teaches_tools(chat_template):
-                return family.tool_parser or default
-    return default
+    family = _detected(chat_template, "teaches_tools")
+    return (family and family.tool_parser) or default
 
 
 def detect_reasoning_parser(chat_template: Any) -> str | None:
     """The parser for the reasoning format this template shows (None: it shows none)."""
-    if isinstance(chat_template, str):
-        for family in ordered():
-            if family.shows_reasoning is not None and family.shows_reasoning(chat_template):
-                return family.reasoning_parser
-    return None
+    family = _detected(chat_template, "shows_reasoning")
+    return family.reasoning_parser if family else None
 
 
 def by_renderer(name: str | None) -> Family | None:

@@ -19,7 +19,14 @@ import re
 
 from gateway.chat.families import Family, register_family
 from gateway.chat.families.qwen3 import ThinkReasoningParser
-from gateway.chat.parsers import REASONING_PARSERS, TOOL_PARSERS, BlockToolParser, arguments_json
+from gateway.chat.parsers import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    BlockToolParser,
+    Calls,
+    arguments_json,
+    each_match,
+)
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -34,22 +41,21 @@ CALL_FORMAT = (
 )
 
 
+def _call(m: re.Match[str]) -> tuple[str, str] | None:
+    arguments = arguments_json(m.group(3))
+    return (
+        None if m.group(1) != "function" or arguments is None else (m.group(2).strip(), arguments)
+    )
+
+
 @TOOL_PARSERS.register("deepseek_v3")
 class DeepSeekV3ToolParser(BlockToolParser):
     open = CALLS_BEGIN
     close = CALLS_END
     call_format = CALL_FORMAT
 
-    def parse_block(self, body: str) -> list[tuple[str, str]] | None:
-        calls = []
-        for m in _CALL.finditer(body):
-            arguments = arguments_json(m.group(3))
-            if m.group(1) != "function" or arguments is None:
-                return None
-            calls.append((m.group(2).strip(), arguments))
-        if not calls or _CALL.sub("", body).strip():
-            return None
-        return calls
+    def parse_block(self, body: str) -> Calls | None:
+        return each_match(_CALL, body, _call)
 
 
 @REASONING_PARSERS.register("deepseek_r1")

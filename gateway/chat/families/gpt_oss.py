@@ -124,10 +124,22 @@ class HarmonyTemplate:
     def __init__(self, tokenizer: Any) -> None:
         self.encoding = harmony_encoding(tokenizer)
 
-    def standalone(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """A tool result names its call, which a result rendered without the
-        assistant message that made the call would not know."""
-        return name_tool_results(messages)
+    @staticmethod
+    def standalone(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tool results with the `name` of the call they answer, so that a result renders
+        the same when the assistant message that made the call is not at hand."""
+        names = {
+            tc.get("id"): (tc.get("function") or {}).get("name")
+            for m in messages
+            if m.get("role") == "assistant"
+            for tc in m.get("tool_calls") or []
+        }
+        return [
+            {**m, "name": names[m.get("tool_call_id")]}
+            if m.get("role") == "tool" and not m.get("name") and names.get(m.get("tool_call_id"))
+            else m
+            for m in messages
+        ]
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         from openai_harmony import Conversation, Role
@@ -204,23 +216,6 @@ class HarmonyTemplate:
                     .with_recipient("assistant")
                 )
         return out
-
-
-def name_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool results with the `name` of the call they answer, so that a result renders
-    the same when the assistant message that made the call is not at hand."""
-    names = {
-        tc.get("id"): (tc.get("function") or {}).get("name")
-        for m in messages
-        if m.get("role") == "assistant"
-        for tc in m.get("tool_calls") or []
-    }
-    return [
-        {**m, "name": names[m.get("tool_call_id")]}
-        if m.get("role") == "tool" and not m.get("name") and names.get(m.get("tool_call_id"))
-        else m
-        for m in messages
-    ]
 
 
 # ---- answers: the messages (reasoning parser), then the calls among them (tool parser)

@@ -14,29 +14,20 @@ from __future__ import annotations
 import json
 
 from gateway.chat.families import Family, register_family
-from gateway.chat.parsers import TOOL_PARSERS, BlockToolParser, arguments_json
+from gateway.chat.parsers import TOOL_PARSERS, BlockToolParser, Calls, json_call
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 
 
-def parse_json_calls(body: str) -> list[tuple[str, str]] | None:
-    """(name, arguments JSON) of each `{"name", "arguments"|"parameters"}` object in a
-    JSON object or list; None if it is not valid."""
+def parse_json_calls(body: str) -> Calls | None:
+    """The calls of a JSON call object or list of them; None if it is not valid."""
     try:
         data = json.loads(body)
     except ValueError:
         return None
-    items = data if isinstance(data, list) else [data]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return None
-        arguments = arguments_json(item.get("arguments", item.get("parameters")))
-        if arguments is None:
-            return None
-        calls.append((item["name"], arguments))
-    return calls
+    calls = [json_call(item) for item in (data if isinstance(data, list) else [data])]
+    return None if None in calls else calls
 
 
 @TOOL_PARSERS.register("hermes")
@@ -44,8 +35,7 @@ class HermesToolParser(BlockToolParser):
     open = TOOL_OPEN
     close = TOOL_CLOSE
 
-    def parse_block(self, body: str) -> list[tuple[str, str]] | None:
-        return parse_json_calls(body)
+    parse_block = staticmethod(parse_json_calls)
 
 
 register_family(

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import json
 
-from gateway.chat.events import ContentEvent, Event, ToolCall, ToolCallEvent
+from gateway.chat.events import Event
 from gateway.chat.families import Family, register_family
-from gateway.chat.parsers import TOOL_PARSERS, ToolParser, arguments_json
+from gateway.chat.parsers import TOOL_PARSERS, Calls, ToolParser, json_call
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
 
 
-def parse_calls(text: str) -> list[tuple[str, str]] | None:
-    """(name, arguments JSON) of each call object in `text`; None if any is not valid."""
+def parse_calls(text: str) -> Calls | None:
+    """Each call object in `text`; None if any is not valid."""
     text = text.strip().removeprefix(PYTHON_TAG)
     calls, pos = [], 0
     while True:
@@ -35,12 +35,10 @@ def parse_calls(text: str) -> list[tuple[str, str]] | None:
             item, pos = _DECODER.raw_decode(text, pos)
         except ValueError:
             return None
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        call = json_call(item, ("parameters", "arguments"))
+        if call is None:
             return None
-        arguments = arguments_json(item.get("parameters", item.get("arguments")))
-        if arguments is None:
-            return None
-        calls.append((item["name"], arguments))
+        calls.append(call)
 
 
 @TOOL_PARSERS.register("llama3_json")
@@ -52,7 +50,7 @@ class Llama3JsonToolParser(ToolParser):
 
     def feed(self, text: str) -> list[Event]:
         if self._mode == "content":
-            return self._emit(text)
+            return self._say(text)
         self._buf += text
         head = self._buf.lstrip()
         if not head or (self._mode is None and PYTHON_TAG.startswith(head)):
@@ -61,29 +59,16 @@ class Llama3JsonToolParser(ToolParser):
             self._mode = "calls" if head.startswith(("{", PYTHON_TAG)) else "content"
         if self._mode == "content":
             text, self._buf = self._buf, ""
-            return self._emit(text)
+            return self._say(text)
         return []
 
     def finish(self) -> list[Event]:
         text, self._buf = self._buf, ""
-        if self._mode != "calls":
-            return self._emit(text)
-        calls = parse_calls(text)
+        calls = parse_calls(text) if self._mode == "calls" else None
         if calls is None:
-            self.failures += 1
-            return self._emit(text)
-        events: list[Event] = []
-        for name, arguments in calls:
-            call = ToolCall(self.new_id(), name, arguments)
-            events.append(ToolCallEvent(len(self.tool_calls), call))
-            self.tool_calls.append(call)
-        return events
-
-    def _emit(self, text: str) -> list[Event]:
-        if not text:
-            return []
-        self.content_parts.append(text)
-        return [ContentEvent(text)]
+            self.failures += self._mode == "calls"
+            return self._say(text)
+        return self._record(calls)
 
 
 register_family(

@@ -77,20 +77,20 @@ class ThinkReasoningParser(ReasoningParser):
         self._lead = self._lead and self._state == _CONTENT
         return self._content_text(text)
 
-    def _reasoning_text(self, text: str) -> list[Event]:
+    def _unlead(self, text: str) -> str:
         if self._lead:
             text = text.lstrip("\n")
             self._lead = not text
-        text = self._held_nl + text
+        return text
+
+    def _reasoning_text(self, text: str) -> list[Event]:
+        text = self._held_nl + self._unlead(text)
         body = text.rstrip("\n")
         self._held_nl = text[len(body) :]
         return self._reason(body)
 
     def _content_text(self, text: str) -> list[Event]:
-        if self._lead:
-            text = text.lstrip("\n")
-            self._lead = not text
-        return self._say(text)
+        return self._say(self._unlead(text))
 
 
 register_family(

@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.chat.families import Family, register_family
 from gateway.chat.families.hermes import TOOL_CLOSE, TOOL_OPEN
-from gateway.chat.parsers import TOOL_PARSERS, BlockToolParser
+from gateway.chat.parsers import TOOL_PARSERS, BlockToolParser, Calls, each_match
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
@@ -35,11 +35,12 @@ def _value(text: str) -> Any:
         return text
 
 
-def _arguments(body: str) -> dict[str, Any] | None:
-    args = {m.group(1).strip(): _value(m.group(2)) for m in _PARAMETER.finditer(body)}
+def _call(m: re.Match[str]) -> tuple[str, str] | None:
+    body = m.group(2)
+    args = {p.group(1).strip(): _value(p.group(2)) for p in _PARAMETER.finditer(body)}
     if _PARAMETER.sub("", body).strip():  # text that is not a parameter
         return None
-    return args
+    return m.group(1).strip(), json.dumps(args, ensure_ascii=False)
 
 
 @TOOL_PARSERS.register("qwen3_coder")
@@ -47,16 +48,8 @@ class Qwen3CoderToolParser(BlockToolParser):
     open = TOOL_OPEN
     close = TOOL_CLOSE
 
-    def parse_block(self, body: str) -> list[tuple[str, str]] | None:
-        calls = []
-        for m in _FUNCTION.finditer(body):
-            args = _arguments(m.group(2))
-            if args is None:
-                return None
-            calls.append((m.group(1).strip(), json.dumps(args, ensure_ascii=False)))
-        if not calls or _FUNCTION.sub("", body).strip():
-            return None
-        return calls
+    def parse_block(self, body: str) -> Calls | None:
+        return each_match(_FUNCTION, body, _call)
 
 
 register_family(
