@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import json_codec
-from gateway.chat.template import normalize_message
+from gateway.chat.template_traits import normalize_message
 
 
 def canonical(message: dict[str, Any]) -> tuple[str, str, list[Any], str | None]:

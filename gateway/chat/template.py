@@ -1,27 +1,21 @@
-"""Turning OpenAI messages into the exact prompt token ids the engine sees, and back.
+"""OpenAI messages -> the exact prompt token ids the engine sees, rendered with the
+model's own chat template here, so the ids recorded are the ones generated from.
 
-The gateway renders the model's own chat template itself, so the prompt ids it
-records are the ones that were generated from, not a later re-tokenisation.
+Incremental prompts: a turn extending a recorded one is the parent's prompt + output
+ids + the encoding of only the text rendered after them, taken only when the render
+provably starts with the parent's text and the parent's output ended in a special token
+(never merged with what follows); else a full encode, counted as a fallback.
 
-Incremental prompts: a turn that extends a recorded one does not re-tokenise the whole
-history. Its prompt is the parent's prompt ids + output ids + the encoding of only the
-text rendered after them. That is taken only when the new render provably starts with
-the parent's text (prompt + answer, compared as text) and the parent's output ended in
-a special token, which the tokenizer never merges with what follows; anything else is
-a full encode, counted as a fallback.
-
-Token-exact history (`history: token_exact`): a turn's prompt is always the parent's
-prompt ids + output ids + the rendering of only the messages after the parent's answer,
-even where the template would render that answer differently (Qwen3's drops earlier
-reasoning). What follows an answer is found by rendering the conversation with the
-answer replaced by a marker: the text after the marker, less the template's own
-turn-closing token when the model emitted its stop token, must be how the real render
-ends; otherwise the prompt is the template's (a fallback, with its reason).
+Token-exact history (`history: token_exact`): always the parent's ids + the render of
+only the messages after its answer, even where the template renders that answer
+differently (Qwen3's drops earlier reasoning). What follows the answer is found by
+rendering it replaced by a marker; the text after the marker (less the turn-closing
+token, when the model emitted its stop token) must be how the real render ends, else
+the template's prompt is used (a fallback, with its reason).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +27,7 @@ from gateway.chat.ascii_encoder import ascii_encoder
 from gateway.chat.detokenize import text_decoder
 from gateway.chat.jinja_env import compile_chat_template
 from gateway.chat.prompt_heads import HeadCache
-from gateway.chat.template_traits import TemplateTraits
+from gateway.chat.template_traits import TemplateTraits, normalize_message
 from gateway.chat.template_window import message_local
 from gateway.chat.tools import PROMPT_TOOL_PARSER, inline_tools
 from gateway.frozen import FrozenList, freeze
@@ -41,94 +35,10 @@ from gateway.lru import HistoryMemo
 from gateway.token_ids import TokenIds
 
 
-def text_of(content: Any) -> str:
-    """OpenAI content may be None, a string, or a list of parts; templates want a string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type") in (
-                "text",
-                "input_text",
-                "output_text",
-            ):
-                parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    return str(content)
-
-
-_PLAIN = TemplateTraits(False, False, False, False, False)
-
-
-def normalize_message(message: dict[str, Any], traits: TemplateTraits = _PLAIN) -> dict[str, Any]:
-    """A message in the shape HF chat templates expect (this template, given `traits`)."""
-    role = message.get("role")
-    out: dict[str, Any] = {
-        "role": "system" if role == "developer" else role,
-        "content": text_of(message.get("content")),
-    }
-    tool_calls = message.get("tool_calls")
-    if tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": tc.get("id"),
-                "type": "function",
-                "function": {
-                    "name": tc.get("function", {}).get("name"),
-                    "arguments": _arguments(
-                        tc.get("function", {}).get("arguments"), traits.arguments_as_text
-                    ),
-                },
-            }
-            for tc in tool_calls
-        ]
-        if traits.none_content and not out["content"]:
-            out["content"] = None
-    reasoning = message.get("reasoning_content")
-    if role == "assistant" and traits.reasoning_content and isinstance(reasoning, str):
-        out["reasoning_content"] = reasoning
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if call_id is not None or traits.none_content:  # see ChatRenderer._apply
-            out["tool_call_id"] = call_id
-    if message.get("name"):
-        out["name"] = message["name"]
-    return out
-
-
-def _arguments(arguments: Any, as_text: bool) -> Any:
-    """Parsed JSON (text that is not JSON stays text); `as_text`: a JSON string. A call
-    with no arguments has `{}`."""
-    if arguments is None or arguments == "":
-        arguments = {}
-    if as_text:
-        return arguments if isinstance(arguments, str) else json.dumps(arguments)
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
-
-
-def _reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
-    """gpt-oss-style Jinja templates read an answer's reasoning as `thinking` (as
-    transformers' own rendering gives it)."""
-    return {"thinking": message["reasoning_content"], **message}
-
-
 class NormalizedMessages:
-    """`normalize_message` of a history's messages, kept per history (`HistoryMemo`): a
-    session's next body holds its previous one's very messages, so only its new
-    messages are normalised, not a 64-turn history on every turn (~0.1 ms a turn at 128
-    messages). The normalised messages of a kept history are frozen (gateway/frozen.py):
-    `inline_tools` and the harmony renderer copy what they change.
-    `shape`: the model family's quirk, applied to each normalised message (families/)."""
+    """`normalize_message` (then the family's `shape`) of a history's messages, kept per
+    history, frozen: a session's next turn normalises only its new messages (~0.1 ms a
+    turn saved at 128 messages)."""
 
     def __init__(
         self,
@@ -164,19 +74,12 @@ class RenderSource:
 
 @dataclass(frozen=True, slots=True)
 class TextPrefix:
-    """What a later render must start with to continue a turn's tokens exactly: the
-    turn's prompt text, then its output text. Kept whole, not as a digest: `startswith`
-    is a memory compare, where hashing a long session's 140 kB cost ~0.2 ms a turn; and
-    in parts, never joined: a windowed render's prompt is its parent's parts + its own
-    new text (no 140 kB copy a turn). `source`: what the prompt was rendered from."""
+    """What a later render must start with to continue a turn's tokens exactly. Kept as
+    text, not a digest (hashing a 140 kB session cost ~0.2 ms a turn), and in parts,
+    never joined: a windowed render's prompt is its parent's parts + its new text."""
 
     parts: tuple[str, ...]  # the prompt's text, then the output's (the last part)
-    source: RenderSource | None = None
-    length: int = 0
-
-    @classmethod
-    def of(cls, parts: tuple[str, ...], source: RenderSource | None) -> TextPrefix:
-        return cls(parts, source, sum(map(len, parts)))
+    source: RenderSource | None = None  # what the prompt was rendered from
 
     @property
     def output(self) -> str:
@@ -191,7 +94,7 @@ class TextPrefix:
         return True
 
     def __len__(self) -> int:
-        return self.length
+        return sum(map(len, self.parts))
 
 
 @dataclass(slots=True)
@@ -264,39 +167,34 @@ class ChatRenderer:
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
                 stops.add(tid)
         self.stop_token_ids: list[int] = sorted(stops)
-        # Templates that know tools render them (and past tool calls) themselves; for
-        # the others the gateway writes them into the messages (see tools.py).
         template = self.chat_template
-        self.traits = TemplateTraits.of(template) if own is None else self.own.traits
-        # The tool-call format to parse: the template's own, or the one the gateway's
-        # tool prompt asks for.
-        knows_tools = self.traits.tools or self.traits.tool_calls
-        self.tool_parser: str = (
-            families.detect_tool_parser(template, PROMPT_TOOL_PARSER)
-            if knows_tools
-            else PROMPT_TOOL_PARSER
-        )
-        self.reasoning_parser = families.detect_reasoning_parser(template)
-        if own is not None:
-            self.tool_parser = own.tool_parser or PROMPT_TOOL_PARSER
-            self.reasoning_parser = own.reasoning_parser
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self.decode = text_decoder(tokenizer)  # ids -> text, special tokens kept
         self._id_objects = list(range(len(tokenizer)))
         self._ascii = ascii_encoder(
             self._backend, self._encode_rust, self.interned, word_cache_size
         )
-        # the template compiled once (transformers' environment, built on jinja2's
-        # public API: jinja_env.py), rendered straight on normalised messages:
-        # apply_chat_template would copy every message of a long history on every turn
-        self._compiled = None if self.own is not None else compile_chat_template(template)
-        # a template that renders each message on its own: a turn renders only its new
-        # messages (template_window.py); None when it is, else why not
-        self.not_windowed: str | None = (
-            own.renderer_name
-            if own is not None
-            else message_local(self._compiled.environment, template)
-        )
+        self._compiled: Any = None
+        # not None: why a turn cannot render only its new messages (template_window.py)
+        self.not_windowed: str | None = own.renderer_name if own else None
+        if self.own is not None:
+            self.traits = self.own.traits
+            self.tool_parser: str = own.tool_parser or PROMPT_TOOL_PARSER
+            self.reasoning_parser = own.reasoning_parser
+        else:
+            # Templates that know tools render them (and past tool calls) themselves, and
+            # their format is parsed; for the others the gateway writes them into the
+            # messages (tools.py), asking for its tool prompt's format.
+            self.traits = TemplateTraits.of(template)
+            knows_tools = self.traits.tools or self.traits.tool_calls
+            self.tool_parser = PROMPT_TOOL_PARSER
+            if knows_tools:
+                self.tool_parser = families.detect_tool_parser(template, PROMPT_TOOL_PARSER)
+            self.reasoning_parser = families.detect_reasoning_parser(template)
+            # compiled once (jinja_env.py), rendered straight on normalised messages:
+            # apply_chat_template would copy every message of a long history every turn
+            self._compiled = compile_chat_template(template)
+            self.not_windowed = message_local(self._compiled.environment, template)
         self._template_kwargs = dict(tokenizer.special_tokens_map)
         self._special = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
         # a template's turn-closing token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...):
@@ -447,7 +345,7 @@ class ChatRenderer:
         continue these tokens (the output did not end in a special token)."""
         if not output_ids or output_ids[-1] not in self._special:
             return None
-        return TextPrefix.of((*prompt.parts, self.decode(output_ids)), prompt.source)
+        return TextPrefix((*prompt.parts, self.decode(output_ids)), prompt.source)
 
     def render_text(
         self,
@@ -474,9 +372,11 @@ class ChatRenderer:
         # No None values here but where the template needs them (normalize_message): as
         # apply_chat_template has it, most templates handle a missing key, not a None one,
         # but one that tells a tool-call turn by `content is none` (DeepSeek V3's) needs it.
+        # gpt-oss-style Jinja templates read an answer's reasoning as `thinking`
         return self._compiled.render(
             messages=[
-                m if "reasoning_content" not in m else _reasoning_aliases(m) for m in messages
+                {"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else m
+                for m in messages
             ],
             tools=tools,
             documents=None,

@@ -8,6 +8,7 @@ arguments given as an object. Messages are shaped to suit (template.py).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,3 +35,72 @@ class TemplateTraits:
             none_content=bool(_NONE_CONTENT.search(t)),
             reasoning_content="reasoning_content" in t,
         )
+
+
+_TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def text_of(content: Any) -> str:
+    """OpenAI content may be None, a string, or a list of parts; templates want a string."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(
+            part if isinstance(part, str) else str(part.get("text", ""))
+            for part in content
+            if isinstance(part, str) or (isinstance(part, dict) and part.get("type") in _TEXT_PARTS)
+        )
+    return content if isinstance(content, str) else str(content)
+
+
+_PLAIN = TemplateTraits(False, False, False, False, False)  # linking.py's canonical form
+
+
+def normalize_message(message: dict[str, Any], traits: TemplateTraits = _PLAIN) -> dict[str, Any]:
+    """A message in the shape HF chat templates expect (this template, given `traits`)."""
+    role = message.get("role")
+    out: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": text_of(message.get("content")),
+    }
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": tc.get("id"),
+                "type": "function",
+                "function": {
+                    "name": fn.get("name"),
+                    "arguments": _arguments(fn.get("arguments"), traits.arguments_as_text),
+                },
+            }
+            for tc in tool_calls
+            for fn in [tc.get("function", {})]
+        ]
+        if traits.none_content and not out["content"]:
+            out["content"] = None
+    reasoning = message.get("reasoning_content")
+    if role == "assistant" and traits.reasoning_content and isinstance(reasoning, str):
+        out["reasoning_content"] = reasoning
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if call_id is not None or traits.none_content:  # see ChatRenderer._apply
+            out["tool_call_id"] = call_id
+    if message.get("name"):
+        out["name"] = message["name"]
+    return out
+
+
+def _arguments(arguments: Any, as_text: bool) -> Any:
+    """Parsed JSON (text that is not JSON stays text); `as_text`: a JSON string. A call
+    with no arguments has `{}`."""
+    if arguments is None or arguments == "":
+        arguments = {}
+    if as_text:
+        return arguments if isinstance(arguments, str) else json.dumps(arguments)
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments

@@ -29,7 +29,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from pydantic import Field, field_validator
 
 from gateway.chat.events import ToolCall
-from gateway.chat.template import text_of
+from gateway.chat.template_traits import text_of
 from gateway.chat.tools import forced_tool
 from gateway.entrypoints.openai.protocol import OpenAIRequest
 from gateway.errors import APIError
