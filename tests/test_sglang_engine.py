@@ -548,8 +548,8 @@ def test_engine_answers_with_non_finite_logprobs_and_big_ints_are_read():
     an integer past 64 bits is read as the standard library reads it; bytes that are not
     JSON are an EngineError, not a crash."""
     from gateway.inference.base import EngineError
-    from gateway.inference.sglang_protocol import parse_output
 
+    parse_output = SGLangEngine("http://engine").parse_answer
     raw = b'{"text": "", "meta_info": {"output_token_logprobs": [[-Infinity, 5, null]], "x": 18446744073709551616}}'
     out = parse_output(raw, "http://engine")
     assert out["meta_info"]["output_token_logprobs"][0][0] == float("-inf")

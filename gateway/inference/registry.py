@@ -66,11 +66,6 @@ def _embedded(config: GatewayConfig) -> InferenceEngine:
 def _sglang(config: GatewayConfig) -> InferenceEngine:
     from gateway.inference.sglang import SGLangEngine
 
-    if not config.engine_urls:
-        raise ValueError(
-            "the sglang engine needs the URL of an SGLang server or sglang-router "
-            "(--engine-url http://host:30000, or gateway.engine_urls in the config)"
-        )
     return SGLangEngine(config.engine_urls, _server_options(config, "SGLANG_API_KEY"))
 
 
@@ -78,11 +73,6 @@ def _sglang(config: GatewayConfig) -> InferenceEngine:
 def _vllm(config: GatewayConfig) -> InferenceEngine:
     from gateway.inference.vllm import VLLMEngine
 
-    if not config.engine_urls:
-        raise ValueError(
-            "the vllm engine needs the URL of a vLLM server "
-            "(--engine-url http://host:8000, or gateway.engine_urls in the config)"
-        )
     return VLLMEngine(config.engine_urls, _server_options(config, "VLLM_API_KEY"))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import (
+    ContextLengthExceeded,
     EngineError,
     FinishReason,
     GenerationResult,
@@ -63,27 +65,17 @@ class ServerUnreachable(EngineError):
 
 @dataclass(slots=True)
 class Segment:
-    """What one server request (one segment of a possibly resubmitted request) returned.
-
-    `finish` is {"type": "stop" | "length" | "abort", ...} once the server says.
-    """
-
-    ids: list[int] = field(default_factory=list)
-    finish: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentRequest:
-    """One server request: a segment of a generation (after an abort, the next one
-    carries the prompt plus the tokens made so far). `prompt_len` is the prompt's
-    length, for a refusal's message."""
+    """One server request, a segment of a generation (after an abort, the next one
+    carries the prompt plus the tokens made so far), and what it returned: `finish` is
+    {"type": "stop" | "length" | "abort", ...} once the server says."""
 
     url: str
     body: Body
     headers: dict[str, str] | None
     stream: bool
-    prompt_len: int
     params: SamplingParams
+    ids: list[int] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +145,27 @@ def finish_reason(finish: dict[str, Any]) -> FinishReason:
     return "stop"
 
 
+class ControlFailed(EngineError):
+    """A control call (pause, load, ...) failed; `status` is the HTTP status, 0: none."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class RemoteEngine(InferenceEngine):
     """An engine whose model runs in one or more inference servers reached over HTTP."""
 
     name = "remote"
     label = "inference"  # the servers' name in messages: "the vLLM server at ..."
+    server = "an inference server"  # what --engine-url names, and an example URL
+    example_url = "http://host:8000"
+    generate_path = "/generate"
+    # What every answer (or stream event) holds; an `error` without it is a refusal.
+    answer_key = "meta_info"
+    # The server's refusals of an over-long prompt, with groups `prompt` and `context`.
+    too_long: tuple[re.Pattern[str], ...] = ()
+    resume_path = "/resume"  # lets a paused server generate again
     # The server refuses prompt + max new tokens >= its context length minus this.
     context_margin = 0
     # A header that carries the route key, for a router in front of several servers.
@@ -168,7 +176,10 @@ class RemoteEngine(InferenceEngine):
         route key."""
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
-            raise ValueError(f"the {self.name} engine needs at least one server URL (--engine-url)")
+            raise ValueError(
+                f"the {self.name} engine needs the URL of {self.server} (--engine-url "
+                f"{self.example_url}, or gateway.engine_urls in the config)"
+            )
         self.options = options
         self.urls = [normalize_url(u) for u in url_list]
         self.update_urls = [normalize_url(u) for u in options.update_urls] or None
@@ -176,9 +187,6 @@ class RemoteEngine(InferenceEngine):
             StickyRouter(self.urls, max_keys=options.max_route_keys) if len(self.urls) > 1 else None
         )
         self._server_context: int | None = None
-        self._headers = {"Content-Type": "application/json"}
-        if options.api_key:
-            self._headers["Authorization"] = f"Bearer {options.api_key}"
         self._client: EngineHTTP | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
@@ -204,10 +212,8 @@ class RemoteEngine(InferenceEngine):
         """One generation request; `produced` tokens of it were made already."""
 
     @abc.abstractmethod
-    def _segment(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
-        """Send one request; yield tokens as they come; leave the finish in `seg.finish`.
-
-        May raise the http_client errors (they are turned into engine errors here)."""
+    def _tokens(self, answer: dict[str, Any], seg: Segment) -> list[Tokens]:
+        """What one answer (or stream event) adds; records its ids and finish in `seg`."""
 
     @abc.abstractmethod
     async def _pause(self, url: str) -> bool | str:
@@ -215,15 +221,15 @@ class RemoteEngine(InferenceEngine):
         server cannot pause (the load must abort); str: an error."""
 
     @abc.abstractmethod
-    async def _continue(self, url: str) -> None:
-        """Let a paused server generate again."""
-
-    @abc.abstractmethod
     async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
         """Load a checkpoint folder on one server; None on success, else what failed."""
 
-    def _raise_if_refused(self, finish: dict[str, Any], url: str, prompt_len: int) -> None:
+    def _raise_if_refused(self, finish: dict[str, Any], url: str) -> None:
         """An abort may really be a refusal (raise it then); default: it is not."""
+
+    def _hint(self, status: int, message: str) -> str:
+        """What to add to a failed control call's message (how to start the server)."""
+        return ""
 
     async def _update_targets(self) -> list[str]:
         """The servers that weight updates go to (default: the --engine-url servers)."""
@@ -237,8 +243,11 @@ class RemoteEngine(InferenceEngine):
         self._gate = asyncio.Event()
         self._gate.set()
         self._update_lock = asyncio.Lock()
+        headers = {"Content-Type": "application/json"}
+        if self.options.api_key:
+            headers["Authorization"] = f"Bearer {self.options.api_key}"
         self._client = EngineHTTP(
-            headers=self._headers,
+            headers=headers,
             timeout_s=self.options.timeout_s,
             connect_timeout_s=self.options.connect_timeout_s,
             max_connections=self.options.max_connections,
@@ -318,17 +327,33 @@ class RemoteEngine(InferenceEngine):
         except ValueError:
             return None
 
-    async def _post(self, url: str, path: str, body: bytes = b"{}") -> str | None:
-        """POST for a control endpoint (pause, load, ...); None on 200, else the error."""
+    async def control(self, url: str, path: str, body: Any = None) -> Any:
+        """POST to a control endpoint (pause, load, ...): its JSON answer (None: none).
+
+        Raises ControlFailed, its message with the server kind's hint."""
         assert self._client is not None
+        payload = json_codec.dumps({} if body is None else body)
         try:
-            r = await self._client.post(f"{url}{path}", body, timeout=self.options.update_timeout_s)
+            r = await self._client.post(
+                f"{url}{path}", payload, timeout=self.options.update_timeout_s
+            )
         except HTTPFailed as exc:
-            return f"{url}{path}: {exc}"
+            raise ControlFailed(f"{url}{path}: {exc}") from exc
         if r.status != 200:
-            text = r.content.decode(errors="replace").strip()[:500]
-            return f"{url}{path} answered {r.status}: {text}"
-        return None
+            message = error_message(r.content)
+            hint = self._hint(r.status, message)
+            raise ControlFailed(f"{url}{path} answered {r.status}: {message}{hint}", r.status)
+        try:
+            return json_codec.loads(r.content) if r.content else None
+        except ValueError:
+            return None
+
+    async def _continue(self, url: str) -> None:
+        """Let a paused server generate again."""
+        try:
+            await self.control(url, self.resume_path)
+        except ControlFailed as exc:
+            log.error("%s", exc)
 
     # ---- generation ------------------------------------------------------------------
     async def generate(
@@ -384,11 +409,10 @@ class RemoteEngine(InferenceEngine):
                 headers = (
                     {self.routing_header: route_key} if route_key and self.routing_header else None
                 )
-                req = SegmentRequest(url, body, headers, stream, len(prompt_ids), params)
-                seg = Segment()
+                seg = Segment(url, body, headers, stream, params)
                 segment_version: int | None = None
                 try:
-                    async for ids, lps, alts, weight_version in self._guarded(req, seg):
+                    async for ids, lps, alts, weight_version in self._segment(seg):
                         if weight_version is not None:
                             v = weight_version
                             self._version = max(self._version, v)
@@ -421,7 +445,7 @@ class RemoteEngine(InferenceEngine):
                 finish = seg.finish or {"type": "abort"}
                 if finish.get("type") != "abort":
                     break
-                self._raise_if_refused(finish, url, len(prompt_ids) + len(output))
+                self._raise_if_refused(finish, url)
                 # Aborted (a weight update paused the server, or someone aborted it):
                 # continue from where it stopped, as a new request.
                 stalled = 0 if seg.ids else stalled + 1
@@ -448,12 +472,26 @@ class RemoteEngine(InferenceEngine):
             top_logprobs=top,
         )
 
-    async def _guarded(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
-        """`_segment` with HTTP failures turned into engine errors."""
-        url = req.url
+    async def _segment(self, seg: Segment) -> AsyncIterator[Tokens]:
+        """Send one request; yield tokens as they come; leave the finish in `seg.finish`.
+
+        HTTP failures become engine errors here."""
+        assert self._client is not None
+        url, target = seg.url, f"{seg.url}{self.generate_path}"
         try:
-            async for item in self._segment(req, seg):
-                yield item
+            if not seg.stream:
+                r = await self._client.post(target, seg.body, headers=seg.headers)
+                if r.status != 200:
+                    raise self.refusal(url, r.status, r.content)
+                for tokens in self._tokens(self.parse_answer(r.content, url), seg):
+                    yield tokens
+                return
+            async with self._client.stream(target, seg.body, headers=seg.headers) as r:
+                if r.status != 200:
+                    raise self.refusal(url, r.status, await r.read())
+                async for payload in r.events():
+                    for tokens in self._tokens(self.parse_answer(payload, url), seg):
+                        yield tokens
         except ConnectFailed as exc:
             raise ServerUnreachable(self.label, url, exc) from exc
         except TimedOut as exc:
@@ -463,6 +501,39 @@ class RemoteEngine(InferenceEngine):
             ) from exc
         except HTTPFailed as exc:
             raise EngineError(f"the {self.label} server at {url} failed: {exc}") from exc
+        if seg.finish is None:
+            raise EngineError(f"the {self.label} server at {url} ended the stream before finishing")
+
+    def parse_answer(self, raw: bytes | str, url: str) -> dict[str, Any]:
+        """One answer or stream event, read as JSON; a refusal inside it is raised."""
+        try:
+            out = json_codec.loads(raw)
+        except ValueError as exc:
+            raise EngineError(
+                f"the {self.label} server at {url} sent something that is not JSON"
+            ) from exc
+        if isinstance(out, dict) and "error" in out and self.answer_key not in out:
+            raise self.refusal(url, 400, raw)  # sent as a stream event (after HTTP 200)
+        if not isinstance(out, dict) or not out.get(self.answer_key):
+            raise EngineError(
+                f"the {self.label} server at {url} answered without {self.answer_key}"
+            )
+        return out
+
+    def refusal(self, url: str, status: int, raw: bytes | str) -> Exception:
+        """The error for a refused request: a too-long prompt is ContextLengthExceeded."""
+        message = error_message(raw)
+        too_long = self.context_refusal(message)
+        if too_long is not None:
+            return too_long
+        return EngineError(f"the {self.label} server at {url} answered {status}: {message}")
+
+    def context_refusal(self, message: str) -> ContextLengthExceeded | None:
+        for pattern in self.too_long:
+            m = pattern.search(message)
+            if m:
+                return ContextLengthExceeded(int(m["prompt"]), int(m["context"]))
+        return None
 
     def forget_route(self, route_key: str) -> None:
         if self.router is not None:
@@ -499,11 +570,9 @@ class RemoteEngine(InferenceEngine):
     async def update_weights_from_disk(self, path: str, version: int | None = None) -> int:
         """Load a checkpoint folder on every server; return the new policy version."""
         path = str(path)
-
-        async def load(url: str, new: int, abort: bool) -> str | None:
-            return await self._load(url, path, new, abort)
-
-        return await self.update_weights_with(load, version, path)
+        return await self.update_weights_with(
+            lambda url, new, abort: self._load(url, path, new, abort), version, path
+        )
 
     async def update_weights_with(self, load: Loader, version: int | None, what: str) -> int:
         """Pause every server, `load(url, new_version, abort)` on each, resume them.

@@ -27,42 +27,45 @@ header, which sglang-router's `manual` and `consistent_hashing` policies pin ses
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Sequence
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from gateway import json_codec
-from gateway.inference.base import EngineError, SamplingParams
-from gateway.inference.http_client import Body, HTTPFailed
+from gateway.inference.base import EngineError, SamplingParams, TopLogprobs
+from gateway.inference.http_client import Body
 from gateway.inference.remote import (
+    ControlFailed,
     RemoteEngine,
     Segment,
-    SegmentRequest,
     ServerOptions,
     Tokens,
     as_int,
     normalize_url,
 )
-from gateway.inference.sglang_protocol import (
-    dumps,
-    error_message,
-    generate_body,
-    new_tokens,
-    parse_output,
-    raise_if_refused,
-    refusal,
-)
-
-log = logging.getLogger(__name__)
-
-ROUTING_HEADER = "X-SMG-Routing-Key"  # what sglang-router's sticky policies read
+from gateway.token_ids import json_object_with_ids
 
 
 class SGLangEngine(RemoteEngine):
     name = "sglang"
     label = "SGLang"
+    server = "an SGLang server or sglang-router"
+    example_url = "http://host:30000"
+    # SGLang's own refusals (tokenizer_manager._validate_one_request), so that they
+    # become a 400 context_length_exceeded rather than an engine failure.
+    too_long = (
+        re.compile(
+            r"input \((?P<prompt>\d+) tokens\) is longer than the model's context length "
+            r"\((?P<context>\d+) tokens\)"
+        ),
+        re.compile(
+            r"exceeds the model's maximum context length of (?P<context>\d+) tokens\. "
+            r"You requested a total of \d+ tokens: (?P<prompt>\d+) tokens from the input"
+        ),
+    )
+    resume_path = "/continue_generation"
     context_margin = 1  # SGLang refuses input + max_new_tokens >= its context length
-    routing_header = ROUTING_HEADER
+    routing_header = "X-SMG-Routing-Key"  # what sglang-router's sticky policies read
 
     def __init__(
         self,
@@ -106,100 +109,77 @@ class SGLangEngine(RemoteEngine):
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
     ) -> Body:
-        return generate_body(input_ids, params, produced, stream, send_seed=self.send_seed)
+        sampling: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens - produced,
+            "temperature": params.temperature,  # 0: greedy (SGLang: top_k=1)
+            "top_p": params.top_p,
+            "stop_token_ids": list(params.stop_token_ids),
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if params.seed is not None and self.send_seed:
+            # A resubmitted segment is a new request: give it its own stream of randomness.
+            sampling["sampling_seed"] = params.seed + produced
+        body: dict[str, Any] = {
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "logprob_start_len": -1,  # output tokens only: no prompt logprobs
+            "stream": stream,
+        }
+        if params.top_logprobs:
+            body["top_logprobs_num"] = params.top_logprobs
+        return json_object_with_ids("input_ids", input_ids, json_codec.dumps(body))
 
-    def _raise_if_refused(self, finish: dict[str, Any], url: str, prompt_len: int) -> None:
-        raise_if_refused(finish, url, prompt_len)
+    def _tokens(self, answer: dict[str, Any], seg: Segment) -> list[Tokens]:
+        meta = answer["meta_info"]
+        ids, lps, alts = new_tokens(meta, len(seg.ids), seg.url)
+        seg.ids += ids
+        if meta.get("finish_reason") is not None:
+            seg.finish = meta["finish_reason"]
+        return [(ids, lps, alts, as_int(meta.get("weight_version")))] if ids else []
 
-    async def _segment(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
-        """Send one /generate; yield (ids, logprobs, top logprobs, weight version) as
-        they come; leave the finish reason in `seg.finish`."""
-        assert self._client is not None
-        url, prompt_len = req.url, req.prompt_len
-        target = f"{url}/generate"
-        if not req.stream:
-            r = await self._client.post(target, req.body, headers=req.headers)
-            if r.status != 200:
-                raise refusal(url, r.status, r.content, prompt_len)
-            out = parse_output(r.content, url)
-            ids, lps, alts = new_tokens(out["meta_info"], 0, url)
-            seg.ids += ids
-            seg.finish = out["meta_info"].get("finish_reason")
-            if ids:
-                yield ids, lps, alts, as_int(out["meta_info"].get("weight_version"))
-            return
-        async with self._client.stream(target, req.body, headers=req.headers) as r:
-            if r.status != 200:
-                raise refusal(url, r.status, await r.read(), prompt_len)
-            async for payload in r.events():
-                out = parse_output(payload, url, prompt_len)
-                meta = out["meta_info"]
-                ids, lps, alts = new_tokens(meta, len(seg.ids), url)
-                seg.ids += ids
-                if ids:
-                    yield ids, lps, alts, as_int(meta.get("weight_version"))
-                if meta.get("finish_reason") is not None:
-                    seg.finish = meta["finish_reason"]
-        if seg.finish is None:
-            raise EngineError(f"the SGLang server at {url} ended the stream before finishing")
+    def _raise_if_refused(self, finish: dict[str, Any], url: str) -> None:
+        """An abort that carries a 4xx status is a refusal, not an interruption."""
+        status = finish.get("status_code")
+        if isinstance(status, int) and 400 <= status < 500:
+            message = str(finish.get("message") or "request refused")
+            raise self.context_refusal(message) or EngineError(
+                f"the SGLang server at {url} refused the request: {message}"
+            )
 
     # ---- weights ---------------------------------------------------------------------
     async def _update_targets(self) -> list[str]:
+        """Each URL's workers when it is an sglang-router, else the URL itself."""
         if self.update_urls:
             return list(self.update_urls)
         targets: list[str] = []
         for url in self.urls:
-            workers = await self._router_workers(url)
-            for w in workers or [url]:
+            data = await self._get_json(url, "/list_workers")
+            workers = data.get("urls") if isinstance(data, dict) else None
+            if not workers:
+                data = await self._get_json(url, "/workers")
+                listed = data.get("workers") if isinstance(data, dict) else None
+                workers = [w["url"] for w in listed or [] if w.get("url")]
+            for w in [normalize_url(w) for w in workers] or [url]:
                 if w not in targets:
                     targets.append(w)
         return targets
-
-    async def _router_workers(self, url: str) -> list[str] | None:
-        """The workers behind an sglang-router (None: `url` is a server, not a router)."""
-        data = await self._get_json(url, "/list_workers")
-        if isinstance(data, dict) and data.get("urls"):
-            return [normalize_url(u) for u in data["urls"]]
-        data = await self._get_json(url, "/workers")
-        if isinstance(data, dict) and data.get("workers"):
-            return [normalize_url(w["url"]) for w in data["workers"] if w.get("url")]
-        return None
 
     async def _pause(self, url: str) -> bool | str:
         """True: paused; False: the server has no /pause_generation; str: an error."""
         if self.pause_supported.get(url) is False:
             return False
-        assert self._client is not None
         try:
-            r = await self._client.post(
-                f"{url}/pause_generation",
-                b'{"mode": "abort"}',
-                timeout=self.options.update_timeout_s,
-            )
-        except HTTPFailed as exc:
-            return f"{url}/pause_generation: {exc}"
-        if r.status in (404, 405):
+            await self.control(url, "/pause_generation", {"mode": "abort"})
+        except ControlFailed as exc:
+            if exc.status not in (404, 405):
+                return str(exc)
             self.pause_supported[url] = False
             return False
-        if r.status != 200:
-            return f"{url}/pause_generation answered {r.status}: {error_message(r.content)}"
         self.pause_supported[url] = True
         return True
 
-    async def _continue(self, url: str) -> None:
-        assert self._client is not None
-        try:
-            r = await self._client.post(
-                f"{url}/continue_generation", b"{}", timeout=self.options.update_timeout_s
-            )
-            if r.status != 200:
-                log.error("%s/continue_generation answered %d", url, r.status)
-        except HTTPFailed as exc:
-            log.error("%s/continue_generation failed: %r", url, exc)
-
     async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
-        """POST /update_weights_from_disk; None on success, else what went wrong."""
-        assert self._client is not None
         body = {
             "model_path": path,
             # Without a pause, abort what is in flight (it is resubmitted) rather than
@@ -208,18 +188,42 @@ class SGLangEngine(RemoteEngine):
             "weight_version": str(version),
         }
         try:
-            r = await self._client.post(
-                f"{url}/update_weights_from_disk",
-                dumps(body),
-                timeout=self.options.update_timeout_s,
-            )
-        except HTTPFailed as exc:
-            return f"{url}: {exc}"
-        try:
-            data = json_codec.loads(r.content)
-        except ValueError:
-            data = {}
-        if r.status != 200 or not (isinstance(data, dict) and data.get("success")):
-            message = data.get("message") if isinstance(data, dict) else None
-            return f"{url} answered {r.status}: {message or error_message(r.content)}"
+            answer = await self.control(url, "/update_weights_from_disk", body)
+        except ControlFailed as exc:
+            return str(exc)
+        if not (isinstance(answer, dict) and answer.get("success")):
+            return f"{url}/update_weights_from_disk did not succeed: {answer}"
         return None
+
+
+def new_tokens(
+    meta: dict[str, Any], have: int, url: str
+) -> tuple[list[int], list[float], list[TopLogprobs]]:
+    """Token ids, logprobs and top logprobs not yet seen in this segment.
+
+    SGLang sends the whole output so far in each stream event, unless it runs with
+    `--incremental-streaming-output` (then only what is new): `completion_tokens`
+    tells which.
+    """
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        if meta.get("completion_tokens"):
+            raise EngineError(
+                f"the SGLang server at {url} sent no output_token_logprobs (return_logprob)"
+            )
+        return [], [], []
+    total = meta.get("completion_tokens")
+    cumulative = total is None or len(triples) == total
+    start = have if cumulative else 0
+    new = triples[start:]
+    ids = [int(t[1]) for t in new]
+    lps = [float(t[0]) if t[0] is not None else 0.0 for t in new]
+    tops = meta.get("output_top_logprobs")
+    alts: list[TopLogprobs] = []
+    if tops is not None:
+        alts = [
+            [(int(t[1]), float(t[0])) for t in (pos or []) if t[0] is not None]
+            for pos in tops[start:]
+        ]
+        alts += [[] for _ in range(len(ids) - len(alts))]
+    return ids, lps, alts

