@@ -35,8 +35,7 @@ from gateway_helpers import (
 from gateway.config import GatewayConfig
 from gateway.inference.model_source import cache_root, resolve_model_dir
 from gateway.inference.remote import ServerOptions
-from gateway.inference.vllm import VLLMEngine
-from gateway.inference.vllm_weights import EXTENSION
+from gateway.inference.vllm import EXTENSION, VLLMEngine
 from gateway.server import BackgroundGateway, free_port
 
 pytestmark = pytest.mark.slow
@@ -81,7 +80,7 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
             "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
-            "--worker-extension-cls", EXTENSION,  # weight pushes (vllm_weights.py)
+            "--worker-extension-cls", EXTENSION,  # weight pushes (weight_receiver.py)
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(

@@ -578,7 +578,7 @@ class RemoteEngine(InferenceEngine):
         """Pause every server, `load(url, new_version, abort)` on each, resume them.
 
         The update protocol whatever the weights come from (a folder here, a broadcast
-        in vllm_weights.py). Callable from any thread's event loop (the trainer's): the
+        in weight_receiver.py). Callable from any thread's event loop (the trainer's): the
         work runs on the loop the engine was started on, where its HTTP client lives.
         """
         loop = self._loop

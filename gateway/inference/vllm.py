@@ -21,7 +21,7 @@ A weight update, on every server: `/pause?mode=abort` (what is generating comes 
 with finish_reason "abort" and is resubmitted, remote.py), `/collective_rpc`
 `turnstile_reload_weights` (our worker extension: vLLM's in-place `reload_weights`
 from the checkpoint folder the trainer wrote, then the tied lm_head packed again),
-or, without disk, a broadcast into the workers (vllm_weights.py),
+or, without disk, a broadcast into the workers (weight_receiver.py),
 `/reset_prefix_cache` (no KV of the old weights is reused), `/update_weight_version`,
 then `/resume`. Each answer labels its tokens with the weight version, so recorded
 versions are the server's own; streamed tokens, labelled only at the end of a stream,

@@ -3,9 +3,14 @@ receiving.
 
 The gateway's admin routes (entrypoints/weights.py) call these; which receiver an
 engine gets is decided here, once. The embedded engine holds its rank in the gateway
-process and loads what arrives between two decode steps; vLLM's workers hold theirs
-(vllm_weights.py). Receiving blocks on the trainer's broadcast, so it runs in a
-thread, off the event loop that keeps serving requests.
+process and loads what arrives between two decode steps; receiving blocks on the
+trainer's broadcast, so it runs in a thread, off the event loop that keeps serving
+requests. vLLM's workers hold theirs (vllm_worker_extension.py), reached through
+`/collective_rpc`; a push there runs inside the engine's update protocol (remote.py
+`update_weights_with`): every server paused (what it generates comes back aborted and
+is resubmitted after), each worker receiving and loading the tensors, the prefix cache
+reset, the weight version set, every server resumed. Tokens made before the push keep
+the old version, tokens after it carry the new one, as with a reload from disk.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from gateway.inference.base import EngineError, InferenceEngine, WeightUpdate
+from gateway.inference.vllm import VLLMEngine
 from gateway.inference.weight_broadcast import (
     GroupSpec,
     Manifest,
@@ -74,16 +80,70 @@ class EmbeddedReceiver:
             group.shutdown()
 
 
+class VLLMWeightReceiver:
+    """The vLLM engine's side of a push: its servers' workers hold the ranks."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+        self._workers: dict[str, int] = {}  # server -> worker count
+        self.group_id = ""
+
+    @property
+    def _servers(self) -> list[str]:
+        return list(self.engine.update_urls or self.engine.urls)
+
+    async def devices(self) -> list[str]:
+        """One rank per worker of each server, in rank order: each worker's device."""
+        out: list[str] = []
+        for url in self._servers:
+            results = await self.engine.collective_rpc(url, "turnstile_weight_device", {})
+            self._workers[url] = len(results)
+            out += [str(device) for _, device in sorted(results)]
+        return out
+
+    async def join(self, spec: GroupSpec, first_rank: int) -> None:
+        if not self._workers:
+            await self.devices()
+        calls = []
+        rank = first_rank
+        for url in self._servers:
+            kwargs = {"group": spec.to_json(), "first_rank": rank}
+            calls.append(
+                self.engine.collective_rpc(
+                    url, "turnstile_join_weight_group", kwargs, spec.timeout_s
+                )
+            )
+            rank += self._workers[url]
+        await asyncio.gather(*calls)
+        self.group_id = spec.group_id
+
+    async def receive(self, version: int, manifest: Manifest) -> int:
+        kwargs = {"group_id": self.group_id, "manifest": manifest.to_json()}
+        return await self.engine.update_weights_with(
+            lambda url, new, _abort: self.engine.load_with(
+                url, "turnstile_receive_weights", kwargs, new
+            ),
+            version,
+            f"a push (group {self.group_id})",
+        )
+
+    async def leave(self) -> None:
+        await asyncio.gather(
+            *(
+                self.engine.collective_rpc(u, "turnstile_leave_weight_group", {})
+                for u in self._servers
+            )
+        )
+        self.group_id = ""
+
+
 def receiver_for(engine: InferenceEngine) -> WeightReceiver:
     """The receiver of an engine kind; EngineError for a kind that takes no push."""
     from gateway.inference.embedded import EmbeddedEngine
-    from gateway.inference.vllm import VLLMEngine
 
     if isinstance(engine, EmbeddedEngine):
         return EmbeddedReceiver(engine)
     if isinstance(engine, VLLMEngine):
-        from gateway.inference.vllm_weights import VLLMWeightReceiver
-
         return VLLMWeightReceiver(engine)
     raise EngineError(
         f"the {engine.name!r} engine takes no weight push: load a folder instead "
