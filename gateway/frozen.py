@@ -1,13 +1,10 @@
 """JSON values that cannot be changed: what the gateway's memos keep and share.
 
-A session's next body holds its previous one's very message objects
-(entrypoints/incremental_body.py), and the memos built on them (lru.HistoryMemo: the
-template's normalised messages, the Anthropic chat form) hand the same objects out turn
-after turn: that is what makes a 64-turn history cost only its new messages. It is safe
-only if nobody changes such an object once it is in a history, so they are frozen: a
-`FrozenDict` or `FrozenList` is a `dict` or `list` (JSON encoders, templates and
-`isinstance` checks take it as one) whose mutating methods raise. Code that needs a
-changed message copies it (`dict(m)`, `{**m, ...}`, `list(x)`: plain, mutable copies).
+A session's next body holds its previous one's very message objects, and the memos
+built on them (lru.HistoryMemo) hand the same objects out turn after turn. That is only
+safe if nobody changes them, so they are frozen: a `FrozenDict` / `FrozenList` is a
+`dict` / `list` (to encoders, templates, `isinstance`) whose mutating methods raise.
+Code that needs a changed message copies it (`dict(m)`, `{**m, ...}`, `list(x)`).
 """
 
 from __future__ import annotations

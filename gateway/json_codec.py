@@ -1,11 +1,9 @@
 """The gateway's one JSON codec: orjson, to and from bytes.
 
-Every reply, stream frame, engine request and stored record is encoded here. orjson is
-several times faster than the standard library on the shapes the gateway writes
-(messages, logprob lists), which matters on a path that runs once per agent turn
-(docs/benchmarks.md). Keys must be strings; a NaN or infinite float is written as
-`null`, which a JSON reader accepts (the standard library would write `NaN`, which
-strict readers refuse, or raise).
+Replies, stream frames, engine requests and stored records are all encoded here: orjson
+is several times faster than the standard library on the gateway's shapes
+(docs/benchmarks.md). A NaN or infinite float is written as `null`, which every JSON
+reader accepts.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ def _plain(value: Any) -> Any:
 
 
 def loads(raw: bytes | str) -> Any:
-    """An engine's answer (every one the gateway reads). orjson refuses what Python's own reader takes (`NaN`,
-    `-Infinity` logprobs from a server that writes them, integers past 64 bits): those
-    go to the standard library, which raises ValueError on what is not JSON at all."""
+    """orjson, else the standard library, which takes what orjson refuses (`NaN` logprobs,
+    integers past 64 bits) and raises ValueError on what is not JSON at all."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -52,10 +49,7 @@ def loads(raw: bytes | str) -> Any:
 
 def dumps_text(data: Any) -> str:
     """For a library that wants `str` (SQLAlchemy's JSON columns)."""
-    try:
-        return orjson.dumps(data, default=_plain).decode()
-    except orjson.JSONEncodeError:
-        return _dumps_slow(data)
+    return dumps(data).decode()
 
 
 def dumps_sorted(data: Any) -> bytes:
@@ -69,9 +63,8 @@ def dumps_sorted(data: Any) -> bytes:
 
 
 def _dumps_slow(data: Any, sort_keys: bool = False) -> str:
-    """orjson refuses integers beyond 64 bits, which JSON allows and a client may send
-    in a field of its own (found by the fuzzer: such a request failed to record). The
-    standard library writes them exactly; non-finite floats still become null."""
+    """For integers past 64 bits, which orjson refuses and a client may send (found by
+    the fuzzer: such a request failed to record); non-finite floats still become null."""
     return json.dumps(
         _finite(data), separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys, default=str
     )

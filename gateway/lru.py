@@ -1,12 +1,10 @@
-"""A size-bounded, least-recently-used map: every cache that grows with traffic uses one,
-except the ASCII encoder's pre-tokens (gateway/chat/ascii_encoder.py), looked up hundreds
-of times a request, where two generations of plain dicts stand in for it.
+"""A size-bounded, least-recently-used map for every cache that grows with traffic (but
+the ASCII encoder's pre-tokens, looked up hundreds of times a request).
 
-Bounded by entries and, where entries differ in size (a long session's parent holds its
-whole prompt), also by their total weight: whichever bound is hit first evicts. Where
-keys belong to a session, `group` names it, and an ended session's entries all go at
-once (`drop_group`): in a gateway whose sessions end, the caches then hold only the
-live sessions' state, not the latest few thousand sessions' (docs/benchmarks.md, rss).
+Bounded by entries and, where entries differ in size, by their total weight: whichever
+bound is hit first evicts. `group` names the session a key belongs to, and an ended
+session's entries go at once (`drop_group`), so the caches hold only the live sessions'
+state (docs/benchmarks.md, rss).
 """
 
 from __future__ import annotations
@@ -69,10 +67,8 @@ class LRU(Generic[K, V]):
 
     def drop_group(self, group: Hashable) -> None:
         """Forget every entry whose key is in `group` (needs `group` at construction)."""
-        for key in self._groups.pop(group, ()):
-            value = self._data.pop(key)
-            if self._weigh is not None:
-                self.weight -= self._weigh(value)
+        for key in list(self._groups.get(group, ())):
+            self.pop(key)
 
     def _removed(self, key: K, value: V) -> None:
         if self._weigh is not None:
@@ -91,16 +87,14 @@ class LRU(Generic[K, V]):
 
 
 class HistoryMemo(Generic[V]):
-    """What was computed from a history (a list of message objects), kept per history so
-    that its next, longer version computes only its new part. An agent's next body holds
-    its previous one's very message objects (gateway/entrypoints/incremental_body.py).
+    """What was computed from a history (a list of message objects), kept so that its
+    next, longer version (an agent's next body holds the very same message objects)
+    computes only its new part.
 
-    An LRU keyed by the first message object's id, holding the messages themselves as a
-    tuple: their ids cannot be another object's while the entry lives, and a caller's
-    list grown or changed in place is not mistaken for it. That the same objects mean
-    the same messages is enforced, not promised: only a history of frozen messages
-    (gateway/frozen.py) is kept, and the value kept is frozen too, so neither side can
-    change what the other relies on."""
+    Keyed by the first message's id, holding the messages as a tuple (their ids cannot
+    be reused while the entry lives; a list changed in place is not mistaken for it).
+    Only a history of frozen messages is kept, and the value is frozen too: that the
+    same objects mean the same messages is enforced, not promised."""
 
     def __init__(self, histories: int) -> None:
         self.histories: LRU[int, tuple[tuple[Any, ...], V]] = LRU(max(1, histories))

@@ -1,21 +1,14 @@
 """Prompt ids built on a parent's without copying them, and kept with their JSON.
 
-A turn of a 64-turn session has ~40k prompt ids, of which a few hundred are new: its
-parent's prompt + output ids, then the new messages' ids. As a list, every turn copied
-the whole prompt (~0.2 ms at 40k, with each id's reference count touched), and a parent
-evicted from the cache freed it again, id by id. A `TokenIds` is instead a tuple of
-chunks that it shares with its parent: joining is a tuple of references, whatever the
-length, and the only things a turn needs on its way (its length, its tail after the
-parent's, its JSON for the engine) are read from the chunks.
+A turn of a 64-turn session has ~40k prompt ids, a few hundred of them new. As a list,
+every turn copied the whole prompt (~0.2 ms at 40k) and an evicted parent freed it id
+by id. A `TokenIds` is a tuple of chunks shared with its parent: joining costs the
+same whatever the length, and what a turn needs (its length, its tail, its JSON) is read
+from the chunks. It is an immutable sequence of ints (a slice is a list); `joined`
+copies the parts it is given, which their owners may still grow.
 
-It is an immutable sequence of ints: iteration, indexing, slicing, `len` and `==` with
-a list work as on a list (a slice is a list); anything else takes `list(ids)`. Its
-chunks are never changed: `joined` copies the parts it is given, which their owners may
-still grow (an engine's output so far).
-
-Every turn sends the engine its whole prompt as JSON too: the JSON is kept as parts (the
-parent's, then the turn's own ids), and the engine request is written from them as
-they are (gateway/inference/http_client.py), never joined.
+Its JSON is kept as parts too (the parent's, then the turn's own ids), which the engine
+request is written from as they are (gateway/inference/http_client.py), never joined.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """ASCII text to token ids a pre-token at a time, from a cache of the tokenizer's own ids.
 
-Encoding a turn's new text is the gateway's largest single cost per request: the Rust
-tokenizer's tables are megabytes, and the rest of a request (HTTP, JSON, the template,
-SQLite) evicts them from the CPU caches before the next turn, so an encode costs 2-3x
-what it costs in a loop. Agents' text (code, tool output, English) is mostly ASCII and
-repeats its words. For ASCII text this module does what the tokenizer does, in the
-same order: split off added tokens (`<|im_end|>`, ...), split the rest with the
-tokenizer's own pre-tokenizer pattern, and map each piece to ids with the tokenizer's
-own BPE model (`model.tokenize`), kept per piece. BPE works on one piece at a time, so
-the ids are the same as one encode of the whole text.
+Encoding a turn's new text is the gateway's largest cost per request: the Rust
+tokenizer's megabytes of tables are evicted from the CPU caches between turns, so an
+encode costs 2-3x what it does in a loop. Agents' text is mostly ASCII and repeats its
+words. For ASCII this does what the tokenizer does, in its order: split off added
+tokens, split the rest with the tokenizer's own pattern, and map each piece with its own
+BPE model (`model.tokenize`), kept per piece (BPE sees one piece at a time, so the ids
+are those of one encode of the whole).
 
-Taken only for tokenizers whose pipeline it can state exactly on ASCII: no normaliser
-(or NFC, which leaves ASCII alone), a byte-level pre-tokenizer with one split pattern
-whose Unicode classes have ASCII equivalents, added tokens matched as written (no
-stripping, no normalising). Every other tokenizer, and any text that is not ASCII or
-that the pattern does not cover end to end, goes to the Rust tokenizer. At start-up a
-probe of every ASCII character, contractions, digit runs and whitespace runs must come
-out identical both ways, or the path is not used. tests/test_ascii_encoder.py checks
-random text against the Rust tokenizer for every tokenizer we ship or test.
+Only for pipelines it states exactly on ASCII (no normaliser but NFC, one byte-level
+split pattern whose classes have ASCII equivalents, added tokens matched as written);
+other tokenizers and text go to Rust. A start-up probe must agree with the tokenizer,
+and tests/test_ascii_encoder.py checks random text for every tokenizer we ship or test.
 """
 
 from __future__ import annotations

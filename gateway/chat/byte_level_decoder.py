@@ -1,20 +1,12 @@
 """Ids -> text for byte-level BPE tokenizers, from a table of each token's bytes.
 
-Every answer is decoded twice on its way: into the reply's text, and into the text
-prefix its next turn must render to (gateway/chat/template.py). Through the Rust
-tokenizer that costs ~2 us for 32 ids in a loop but 25-35 us in place, where each
-request's other work has pushed the tokenizer's tables out of the CPU caches between
-calls (docs/benchmarks.md). A byte-level tokenizer's decode is simple enough to do
-from a table: each token's string is a byte per character (GPT-2's byte-to-character
-map), an added token's (one that is not all such characters) is its UTF-8; the
-bytes of all tokens are joined and read as UTF-8, invalid bytes replaced. Ids the
-tokenizer does not know decode to nothing, as there.
-
-Used for SmolLM2, Qwen3, DeepSeek V3 and gpt-oss (and Llama 3.1 would be, but its
-tokenizer cleans up spaces after decoding, so transformers' decode stays). A start-up
-probe must give the tokenizer's own text for every added token and a spread of ids,
-and tests/test_byte_level_decoder.py compares it with the tokenizer's decode for every
-tokenizer we ship or test, over random ids and cut UTF-8 sequences.
+Every answer is decoded twice (the reply, and its next turn's text prefix). The Rust
+decode costs ~2 us for 32 ids in a loop but 25-35 us in place, its tables evicted by
+each request's other work (docs/benchmarks.md). A byte-level token is a byte per
+character (GPT-2's map), an added token its UTF-8; joined and read as UTF-8, invalid
+bytes replaced; unknown ids decode to nothing. A start-up probe must match the
+tokenizer's own decode, and tests/test_byte_level_decoder.py compares them for every
+tokenizer we ship or test.
 """
 
 from __future__ import annotations

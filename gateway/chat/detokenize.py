@@ -1,9 +1,8 @@
 """Output tokens -> text, incrementally, with stop strings.
 
-Text is released only once it is final: never half of a multi-byte character, and
-never text that could still turn out to be the start of a stop string. When a stop
-string appears, the text is cut before it and `kept_ids` are the fewest output tokens
-whose text reaches it: what the client got and what is recorded agree.
+Text is released only once final: never half a character, nor what may start a stop
+string. At a stop string the text is cut before it and `kept_ids` are the fewest output
+tokens whose text reaches it, so what the client got and what is recorded agree.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Token drift: where a turn's prompt stops continuing its parent's prompt + output, and why.
 
-The prompt is what the model's template renders for the messages, and templates do
-not always render an earlier answer as the model wrote it: Qwen3's drops the `<think>`
-block of answers before the last user turn, a client re-serialises tool arguments,
-whitespace is trimmed. Then the next prompt no longer extends the last one and a
-multi-turn episode cannot be trained as one sequence. This names the first differing
-token and, when it can tell, the cause. Only computed when the tokens do differ.
+Templates do not always render an earlier answer as the model wrote it (Qwen3's drops
+earlier `<think>` blocks, clients re-serialise tool arguments, whitespace is trimmed);
+then a multi-turn episode cannot be trained as one sequence. Only computed when the
+tokens do differ.
 """
 
 from __future__ import annotations

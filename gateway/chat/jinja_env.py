@@ -1,23 +1,16 @@
 """Chat templates compiled as transformers compiles them, on jinja2's public API only.
 
-A Hugging Face chat template is a Jinja template that transformers renders in an
-`ImmutableSandboxedEnvironment` with `trim_blocks`, `lstrip_blocks`, the `loopcontrols`
-extension and a `{% generation %}` tag, `tojson` (no HTML escaping, `indent`,
-`separators`, `sort_keys`), and the globals `raise_exception`, `strftime_now`, `dict`
-and `namespace` (which refuses underscore names). This module builds the same
-environment itself, so the gateway never reaches into transformers' private compile
-function and never imports transformers at all (the gateway behind an external engine
-stays small: docs/benchmarks.md). tests/test_jinja_env.py holds every family's render
-to `tokenizer.apply_chat_template(..., tokenize=False)` and each piece of the contract
-above to transformers' own, so an upgrade of transformers that changes it fails there.
+transformers renders a chat template in an `ImmutableSandboxedEnvironment` with
+`trim_blocks`, `lstrip_blocks`, `loopcontrols`, a `{% generation %}` tag, a plain-JSON
+`tojson`, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`
+(refusing underscore names). Built here, so the gateway neither uses transformers'
+private compile function nor imports transformers. tests/test_jinja_env.py holds every
+family's render and each piece of this to transformers' own.
 
-Speed: the sandbox decides whether an attribute is safe on every access (`loop.first`,
-`content.split`) with a chain of isinstance checks, about half of rendering a long
-history. Its verdict depends only on the object's type and the attribute's name
-(`is_internal_attribute`, `modifies_known_mutable`), so `ChatTemplateEnvironment`
-keeps it per (type, name) in its documented `is_safe_attribute` hook, and reads a pair
-judged safe directly in its `getattr` hook (never `format`/`format_map`, which the
-sandbox wraps). The sandbox's rules are unchanged.
+Speed: the sandbox judges each attribute access with a chain of isinstance checks,
+about half of rendering a long history. Its verdict depends only on (type, name), so it
+is kept per pair in the documented `is_safe_attribute` hook, and a pair judged safe is
+read directly in `getattr` (never `format`/`format_map`, which the sandbox wraps).
 """
 
 from __future__ import annotations

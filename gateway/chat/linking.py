@@ -1,8 +1,8 @@
 """Finding a turn's parent: the earlier completion whose messages + answer prefix this request.
 
 Messages are compared in a canonical form (role, text, tool calls with parsed
-arguments) because clients re-serialise what they send back: an SDK adds
-`refusal: null`, turns content into parts, or re-dumps tool arguments.
+arguments) because clients re-serialise what they send back (`refusal: null`, content
+as parts, re-dumped tool arguments).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Encoding a prompt whose beginning many sessions share (a long system prompt).
+"""Encoding a prompt whose beginning many sessions share (a long system prompt) once.
 
-Incremental prompts (template.py) spare a session's later turns from re-encoding its
-history; this spares its first turn from re-encoding what other sessions already sent.
 A prompt's *head* is its text up to the end of the first special token past
-`min_chars` characters: with a long system prompt, that is the system block. Once a
-head has been seen twice, its ids are computed on their own and kept, but only if the
-head's ids followed by the rest's ids equal the ids of the whole text (checked once, on
-real text, for this tokenizer); after that a prompt with that head costs one digest and
+`min_chars`. A head seen twice has its ids kept, if the head's ids + the rest's equal
+the whole's (checked once, on real text); then a prompt with it costs one digest and
 the encoding of the rest.
 """
 

@@ -1,31 +1,21 @@
 """Which chat templates render each message on its own: then a turn renders only its new
-messages, not its whole history.
+messages, not its whole history (a 64-turn session's 128 messages cost ~0.25 ms of
+template a turn otherwise: docs/benchmarks.md).
 
-A 64-turn session's 128 messages cost ~0.25 ms of template per turn (the loop's work per
-message, not the text's length), the largest cost that grows with the session
-(docs/benchmarks.md). For some templates it need not: their text is `A + B(m_0) + ... +
-B(m_n) + C`, where the text `B(m_i)` of a message depends only on that message, on
-whether it is the first (`loop.first`), on the first message (`messages[0]`) and on
-settings that do not change within a session (`tools`, `add_generation_prompt`, the
-template's own constants), and `A` and `C` (before and after the loop) only on the
-first message and those settings. SmolLM2's ChatML template is one.
+Such a template's text is `A + B(m_0) + ... + B(m_n) + C`, each `B(m_i)` depending only
+on `m_i`, `loop.first`, `messages[0]` and settings fixed within a session, and `A`, `C`
+only on `messages[0]` and those settings (SmolLM2's ChatML template is one).
+`message_local(env, source)` proves it from the syntax tree or says why not: one
+top-level `{% for %}` over `messages` (no filter, `else` or recursion); `messages` read
+only as `messages[0]`, never assigned; `loop` read only as `loop.first`; nothing
+assigned inside the loop and no namespace attribute anywhere; no `break`; no call but
+the template's macros and `raise_exception` (not `strftime_now`, `cycler`, `joiner`); no
+`random` filter.
 
-`message_local(env, source)` proves it from the template's syntax tree, or says why it
-cannot: a single top-level `{% for %}` over `messages` (no filter, no `else`, not
-recursive); `messages` read nowhere else but as `messages[0]`, and never assigned; the
-loop's `loop` read only as `loop.first` (not `last`, `index`, `length`, `previtem`,
-`cycle`...: they change when messages are added); nothing assigned inside the loop
-(so no state carried from one message to the next) and no namespace attribute assigned
-anywhere; no `break`; no call of anything but the template's own macros and
-`raise_exception` (not `strftime_now`, whose text changes between turns, nor `cycler`
-or `joiner`, which keep state), and no `random` filter.
-
-For such a template, with `H` the render of `[m_0]` alone and `W` that of
-`[m_0] + m_k..m_n` (the parent's answer `m_k` onward), both with the generation prompt:
-the whole render starts with the parent's prompt text + its answer's text exactly when
-`W` starts with `H` + the answer's text, and what follows is the same text in both (see
-`ChatRenderer.render`). tests/test_template_window.py checks this against full renders
-over random sessions, for the templates it admits, and that it refuses the others.
+Then, with `H` the render of `[m_0]` and `W` that of `[m_0] + m_k..m_n` (from the
+parent's answer `m_k`), the whole render starts with the parent's prompt + answer text
+exactly when `W` starts with `H` + the answer's text, and what follows is the same
+(`ChatRenderer.render`). tests/test_template_window.py checks it against full renders.
 """
 
 from __future__ import annotations

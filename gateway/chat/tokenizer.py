@@ -1,16 +1,11 @@
 """The model's tokenizer read from its files on the `tokenizers` library, without transformers.
 
-Behind an external engine the gateway needs a tokenizer, never a model. transformers'
-`AutoTokenizer` imports torch (its config module pulls in the model utilities) and
-transformers itself costs ~47 MB of imports (numpy, PIL, huggingface_hub): the gateway
-held ~460 MB where a pass-through holds ~60. `ModelTokenizer` reads the same files
-transformers reads, `tokenizer.json` (the Rust tokenizer, as is) and
-`tokenizer_config.json` (special tokens, cleanup, chat template; `chat_template.jinja`
-taking priority, as in transformers), and offers the part of transformers' tokenizer
-API the gateway uses, with the same results: tests/test_model_tokenizer.py holds ids,
-texts, special tokens and templates to `AutoTokenizer`'s for every family we test.
-User code (agents, workflows) keeps transformers' tokenizer
-(`gateway.inference.model_source.load_tokenizer`).
+Behind an external engine the gateway needs a tokenizer, never a model, and importing
+transformers (which pulls in torch) held ~460 MB where a pass-through holds ~60.
+`ModelTokenizer` reads the files transformers reads (`tokenizer.json`,
+`tokenizer_config.json`, `chat_template.jinja` first) and offers the part of its API the
+gateway uses, with the same results (tests/test_model_tokenizer.py). User code keeps
+transformers' tokenizer (`gateway.inference.model_source.load_tokenizer`).
 """
 
 from __future__ import annotations
@@ -80,6 +75,11 @@ def _chat_template(folder: Path, config: dict[str, Any]) -> str | dict[str, str]
     return template
 
 
+def _special_id(name: str) -> Any:
+    """A property: the id of the named special token (None when there is none)."""
+    return property(lambda self: self._id_of(name))
+
+
 class ModelTokenizer:
     """A model folder's tokenizer: the Rust `tokenizers.Tokenizer` of its tokenizer.json
     and what tokenizer_config.json says around it, with transformers' method names."""
@@ -114,21 +114,10 @@ class ModelTokenizer:
         token = self.special_tokens_map.get(name)
         return None if token is None else self.convert_tokens_to_ids(token)
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._id_of("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._id_of("eos_token")
-
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._id_of("unk_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._id_of("pad_token")
+    bos_token_id = _special_id("bos_token")
+    eos_token_id = _special_id("eos_token")
+    unk_token_id = _special_id("unk_token")
+    pad_token_id = _special_id("pad_token")
 
     @property
     def eos_token(self) -> str | None:
@@ -162,15 +151,13 @@ class ModelTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         text = self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
         # transformers cleans up spaces only for tokenizers other than BPE
-        if self.clean_up_tokenization_spaces and not self._is_bpe():
+        bpe = type(self.backend_tokenizer.model).__name__ == "BPE"
+        if self.clean_up_tokenization_spaces and not bpe:
             text = _clean_up_tokenization(text)
         return text
 
     def batch_decode(self, batch: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
-
-    def _is_bpe(self) -> bool:
-        return type(self.backend_tokenizer.model).__name__ == "BPE"
 
     def save_pretrained(self, path: str | Path) -> None:
         """Copy the files it was read from: the folder loads as the same tokenizer."""

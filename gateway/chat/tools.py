@@ -1,10 +1,8 @@
 """Tools for chat templates that know nothing about tools (SmolLM2's, for one).
 
-Tools are never dropped silently: when the model's template does not use `tools`, the
-gateway describes them in a system block in the Hermes / Qwen style and asks for
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` answers. Earlier assistant
-tool calls are written back into the text in that same form, so a later turn's prompt
-continues the tokens the model produced.
+Tools are never dropped silently: the gateway describes them in a system block in the
+Hermes style and asks for `<tool_call>` answers; earlier tool calls are written back in
+that form, so a later prompt continues the tokens the model produced.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Model families, one file each: how to tell a family's chat template, its template
 quirks, its renderer when it is not Jinja, and its tool-call and reasoning parsers.
 
-A family file defines its parsers (`@TOOL_PARSERS.register`, `@REASONING_PARSERS.register`
-in gateway/chat/parsers.py) and registers one `Family` that says when they apply. Every
-module in this package is imported here, so adding a family is adding its file (and
-its tests); nothing else names it. Detection reads the template's text: specific
-families in name order, then generic ones (Hermes' `<tool_call>` tags also appear in
-Qwen3-Coder's templates). The tool format and the reasoning format are detected apart,
-since templates mix them (Qwen3-Coder's XML calls with Qwen3's `<think>`).
+A family file registers its parsers (gateway/chat/parsers.py) and one `Family`; every
+module here is imported, so adding a family is adding its file. Detection reads the
+template's text, specific families by name first, then generic ones (Hermes' tags also
+appear in Qwen3-Coder's templates); tool and reasoning formats are detected apart, since
+templates mix them (Qwen3-Coder's XML calls with Qwen3's `<think>`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""DeepSeek V3 tool calls (its own special tokens around fenced JSON arguments) and
-DeepSeek-R1 reasoning.
+"""DeepSeek V3 tool calls (its special tokens around fenced JSON) and DeepSeek-R1 reasoning.
 
     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather
     ```json
     {"city": "Paris"}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-Several `tool▁call` blocks inside one `tool▁calls` block are parallel calls. The
-published V3 template shows calls but not tools, so the gateway's tool prompt asks for
-this form (`call_format`). `deepseek_r1` (vLLM's name, chosen by name only): the answer
-always starts inside a `<think>` block (R1 often omits the opening tag), so an answer
-with no `</think>` is all reasoning.
+Several `tool▁call` blocks in one are parallel calls. V3's template shows calls but not
+tools, so the tool prompt asks for this form (`call_format`). `deepseek_r1` (chosen by
+name only): the answer always starts inside `<think>` (R1 often omits the tag).
 """
 
 from __future__ import annotations

@@ -1,31 +1,20 @@
-"""gpt-oss: prompts in the harmony format, rendered by OpenAI's own `openai-harmony`,
-and answers split by channel into reasoning, text and tool calls.
+"""gpt-oss: prompts in the harmony format, rendered by OpenAI's own `openai-harmony` (the
+reference renderer: `--chat-template harmony`, or chosen for a tokenizer that has
+harmony's tokens and no chat template), and answers split by channel.
 
-gpt-oss was trained on harmony: system and developer messages, then `<|start|>ROLE
-[to=RECIPIENT]<|channel|>CHANNEL<|message|>...<|end|>` messages, reasoning in the
-`analysis` channel, tool calls in `commentary` addressed `to=functions.NAME`, the answer
-in `final`. `openai-harmony` is the reference renderer, so the gateway uses it rather
-than a template of its own (`--chat-template harmony`, or chosen when a tokenizer that
-has harmony's tokens comes with no chat template).
+Offline: `openai-harmony` downloads o200k_base on first use unless
+`TIKTOKEN_ENCODINGS_BASE` names a folder holding it. That file is the gpt-oss
+tokenizer's own vocabulary in tiktoken's format, so the gateway writes it from the
+loaded tokenizer (into $TURNSTILE_CACHE/harmony), checked against openai-harmony's sha256.
 
-Offline: `openai-harmony` downloads the o200k_base vocabulary on first use unless
-`TIKTOKEN_ENCODINGS_BASE` names a folder holding `o200k_base.tiktoken`. That file is
-the gpt-oss tokenizer's own byte-level BPE vocabulary written out in tiktoken's
-format; the gateway writes it from the tokenizer it already loaded (into
-$TURNSTILE_CACHE/harmony) and checks it against the sha256 that openai-harmony pins,
-so nothing is fetched at run time.
-
-Answers: the prompt ends with `<|start|>assistant`, so an answer is one or more
-messages: `[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`,
-the next starting with `<|start|>assistant`. `analysis` bodies are reasoning; `final`
-(and a `commentary` preamble addressed to no one) are the answer's text; a message
-addressed `to=` a tool is a call, passed on whole to the tool parser as
-`<|start|>assistant` + header + `<|message|>` + body + `<|call|>` (its stop token is not
-in the text), which reads the name from the header's recipient. The recipient may
-stand before the channel (as openai-harmony renders it) or after it (as the model often
-writes it). Text that is not in a message at all is content; a call to anything but a
-function, or with arguments that are not a JSON object, comes back as that text and is
-counted.
+Answers: the prompt ends with `<|start|>assistant`, so an answer is messages
+`[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`.
+`analysis` is reasoning; `final` (and a preamble addressed to no one) is text; a message
+`to=` a tool is a call, passed whole to the tool parser as `<|start|>assistant` + header
++ `<|message|>` + body + `<|call|>`. The recipient may stand before the channel (as
+openai-harmony renders it) or after it (as the model often writes it). A call to
+anything but a function, or whose arguments are not a JSON object, comes back as text
+and is counted.
 """
 
 from __future__ import annotations

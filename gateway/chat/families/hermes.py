@@ -1,12 +1,9 @@
 """Hermes / Qwen tool calls: JSON inside `<tool_call>...</tool_call>` tags, in ChatML.
 
-- Hermes / Qwen: one JSON object `{"name": ..., "arguments": {...}}` per tag; several
-  tags are parallel calls;
-- SmolLM2: a JSON list of such objects inside one tag.
-
-This is also the form the gateway asks for when a model's own template knows no tools
-(gateway/chat/tools.py). Text outside the tags is content. Generic: the tags appear in
-other families' templates too (Qwen3-Coder's), so the others are tried first.
+One `{"name": ..., "arguments": {...}}` per tag (several tags: parallel calls), or
+SmolLM2's JSON list of them in one tag. Also the form the gateway asks for when a
+template knows no tools (gateway/chat/tools.py). Generic: the tags appear in other
+families' templates too (Qwen3-Coder's), so those are tried first.
 """
 
 from __future__ import annotations

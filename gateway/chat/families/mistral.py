@@ -1,16 +1,11 @@
-"""Mistral's `[TOOL_CALLS]` tool calls (Mistral 7B v0.3, Mistral-Nemo, Mistral Small):
-a JSON list of calls after the `[TOOL_CALLS]` token, to the end of the answer.
+"""Mistral's `[TOOL_CALLS]` tool calls (Mistral 7B v0.3, Nemo, Small): a JSON list of
+calls after the token, to the end of the answer (text before it is content).
 
     [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {...}]</s>
 
-Text before the token is content. The answer ends with the calls (the model's stop
-token), so everything after the token is one block, parsed once the answer is whole.
-
-Template quirk: Mistral's templates refuse a tool-call id that is not exactly 9
-letters or digits (`raise_exception("Tool call IDs should be alphanumeric strings
-with length 9!")`). The calls parsed here get such ids, and any other id a client sends
-(OpenAI's `call_...`, Anthropic's `toolu_...`) is rendered as 9 hex digits of its
-sha256: the same for the call and for the result that answers it.
+Template quirk: its templates refuse a call id that is not 9 letters or digits, so
+parsed calls get such ids, and a client's other ids (`call_...`, `toolu_...`) render as
+9 hex digits of their sha256, the same for the call and its result.
 """
 
 from __future__ import annotations

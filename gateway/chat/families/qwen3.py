@@ -1,12 +1,9 @@
-"""Qwen3: `<think>...</think>` reasoning; its tool calls are Hermes' (hermes.py), its
-turns ChatML's.
+"""Qwen3: `<think>...</think>` reasoning; its tool calls are Hermes', its turns ChatML's.
 
-The answer may open the block itself, or start inside it when the template ended the
-prompt with `<think>`; an answer with no block is all content (DeepSeek-R1's variant,
-which always starts inside the block, is in deepseek.py). A block that never closes
-(cut off) is all reasoning. Newlines around the reasoning and at the start of the
-answer are the template's framing, not text: Qwen3's template writes `<think>\n` +
-reasoning + `\n</think>\n\n` + content back.
+The answer may open the block, or start inside it when the prompt ended with `<think>`;
+an answer with no block is content, one that never closes (cut off) reasoning.
+Newlines around the reasoning and at the answer's start are the template's framing
+(`<think>\n` + reasoning + `\n</think>\n\n` + content), not text.
 """
 
 from __future__ import annotations

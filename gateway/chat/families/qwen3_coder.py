@@ -8,9 +8,7 @@
     </function>
     </tool_call>
 
-A parameter's value is JSON when it parses as JSON (numbers, booleans, objects), else
-the text itself. A function with no parameters is a call with `{}`. Its reasoning, when
-a template has it, is Qwen3's `<think>` (qwen3.py); its turns are ChatML's (hermes.py).
+A parameter's value is JSON when it parses as JSON, else the text itself.
 """
 
 from __future__ import annotations
