@@ -113,32 +113,26 @@ def _with_gateway_errors(doc: dict[str, Any]) -> dict[str, Any]:
             schema = model.model_json_schema(ref_template=_REF)
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
-        error_ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+        error = {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}}
         for op in ops.values():
             responses = op.setdefault("responses", {})
             if "HTTPValidationError" in str(responses.get("422")):  # FastAPI's, not ours
                 del responses["422"]
             for status in _EVERY_ROUTE:
                 responses.setdefault(
-                    str(status),
-                    {
-                        "description": _DESCRIPTIONS[status],
-                        "content": {"application/json": {"schema": error_ref}},
-                    },
+                    str(status), {"description": _DESCRIPTIONS[status], "content": error}
                 )
             if "{" in path:  # a path value no route matches (a newline): an unknown path's 404
                 not_found = responses.setdefault("404", {"description": _DESCRIPTIONS[404]})
                 content = not_found.setdefault("content", {})
-                content.setdefault("application/json", {"schema": error_ref})
+                content.setdefault("application/json", error["application/json"])
             if "401" in responses:  # it takes a key: the abuse limit may refuse it (auth.py)
-                responses.setdefault(
-                    "429",
-                    {
-                        "description": _DESCRIPTIONS[429],
-                        "headers": RETRY_AFTER,
-                        "content": {"application/json": {"schema": error_ref}},
-                    },
-                )
+                answer = {
+                    "description": _DESCRIPTIONS[429],
+                    "headers": RETRY_AFTER,
+                    "content": error,
+                }
+                responses.setdefault("429", answer)
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     return doc

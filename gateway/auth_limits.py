@@ -1,26 +1,13 @@
 """The abuse limit on failed key checks: a client that keeps offering keys that open
-nothing is refused (429, `Retry-After`) for a while (docs/security.md, "Abuse limits").
+nothing is refused (429, `Retry-After`) for a while. docs/security.md ("Abuse limits")
+says what counts as a failure and how clients are told apart.
 
-- A *failure* is a request whose key authenticates no one: an unknown, malformed or
-  expired session key, or a key that is not the admin key where only the admin key
-  opens (an admin route, `/ui`). A request with no key is not one (nothing was
-  guessed), nor a valid key used where it may not be (403, 404, 410,
-  `session_key_required`).
-- Failures are counted per client: its IP address, or for IPv6 its /64 (a host usually
-  has a whole /64). Behind a reverse proxy on the same machine, uvicorn takes the client
-  from `X-Forwarded-For` (it trusts that header from loopback only, unless
-  `$FORWARDED_ALLOW_IPS` says otherwise).
-- A client with `limit` failures within the last `window_s` seconds is locked out for
-  `lockout_s`: each of its requests that needs a key is refused before its key is looked
-  at, so a key tried during a lockout is neither checked nor counted and the 429 says
-  nothing about it. Afterwards it starts again from zero: at most `limit` guesses per
-  `lockout_s` or so. Other clients are not affected.
-- The window slides: the count is this fixed window's failures plus the previous
-  window's weighted by how much of it is still inside the last `window_s` (the
-  estimate most rate limiters use: two counters, not one timestamp per failure).
-- O(1) per request, and bounded memory: at most `max_clients` clients are tracked
-  (least recently failed out first); while nobody is locked out, a request costs one
-  clock read and one comparison.
+A client with `limit` failures within the last `window_s` seconds is locked out for
+`lockout_s`, refused before its key is looked at (so the 429 says nothing about the
+key). The window slides as most rate limiters estimate it: this fixed window's count
+plus the previous one's, weighted by how much of it is still inside `window_s` (two
+counters, not one timestamp per failure). O(1) per request; at most `max_clients`
+tracked (least recently failed out first).
 """
 
 from __future__ import annotations

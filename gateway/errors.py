@@ -140,15 +140,9 @@ async def _validation(request: Request, exc: RequestValidationError) -> JSONResp
     msg = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         msg, param = "Request body is not valid JSON.", None
-    return error_response(
-        APIError(
-            400,
-            f"{msg}" + (f" (at {param})" if param else ""),
-            code="invalid_request",
-            param=param,
-        ),
-        request.url.path,
-    )
+    elif param:
+        msg += f" (at {param})"
+    return error_response(APIError(400, msg, code="invalid_request", param=param), request.url.path)
 
 
 async def _store(_: Request, exc: DBAPIError) -> JSONResponse:
@@ -238,7 +232,7 @@ class BodySizeLimit:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None:
             if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._too_large(scope)(scope, receive, send)
+                await self._too_large(scope, receive, send)
                 return
             await self.app(scope, receive, send)  # the server enforces the declared length
             return
@@ -250,7 +244,7 @@ class BodySizeLimit:
                 return  # the client went away
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                await self._too_large(scope)(scope, receive, send)
+                await self._too_large(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
@@ -265,13 +259,11 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    def _error(self) -> APIError:
-        return APIError(
+    async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
+        error = APIError(
             413,
             f"The request body is larger than this gateway accepts ({self.max_bytes} bytes).",
             code="request_too_large",
             retryable=False,
         )
-
-    def _too_large(self, scope: Any) -> JSONResponse:
-        return error_response(self._error(), scope.get("path", ""))
+        await error_response(error, scope.get("path", ""))(scope, receive, send)

@@ -91,26 +91,20 @@ class Metrics:
         )
 
     def inc(self, name: str, value: float = 1.0) -> None:
-        counter = self._counters.get(name)
-        if counter is None:
-            with self._lock:
-                counter = self._counters.get(name)
-                if counter is None:
-                    counter = Counter(name, _help(name), registry=self.registry)
-                    self._counters[name] = counter
-        counter.inc(value)
+        self._metric(self._counters, Counter, name).inc(value)
 
     def observe(self, name: str, seconds: float) -> None:
-        hist = self._histograms.get(name)
-        if hist is None:
+        self._metric(self._histograms, Histogram, name, buckets=LATENCY_BUCKETS).observe(seconds)
+
+    def _metric(self, table: dict[str, Any], kind: type, name: str, **kwargs: Any) -> Any:
+        """The metric `name`, made on first use (once, whichever thread asks first)."""
+        metric = table.get(name)
+        if metric is None:
             with self._lock:
-                hist = self._histograms.get(name)
-                if hist is None:
-                    hist = Histogram(
-                        name, _help(name), buckets=LATENCY_BUCKETS, registry=self.registry
-                    )
-                    self._histograms[name] = hist
-        hist.observe(seconds)
+                metric = table.get(name)
+                if metric is None:
+                    metric = table[name] = kind(name, _help(name), registry=self.registry, **kwargs)
+        return metric
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

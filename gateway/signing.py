@@ -2,18 +2,11 @@
 own (today: the `signature` of its Anthropic `thinking` blocks, which then count as the
 model's generated reasoning).
 
-No key is a constant of the source. They come from a per-deployment secret:
-
-- configured (`GatewayConfig.signing_keys`, `$TURNSTILE_SIGNING_KEYS`): comma-separated
-  secrets, the first signs and all verify; rotation is by hand (put a new one first,
-  drop the old one once its signatures no longer matter);
-- else kept in the store (`signing_keys`; the first is made by the migration that
-  creates the table), so every replica of one database signs and verifies alike.
-  `rotate()` (or `python -m gateway.signing --database ...`) makes a new one current;
-  an older key still verifies for `grace_s` after a newer one was made, then not.
-
-A signature is `tsig_<key id>_<HMAC-SHA256>` over (purpose, session id, text): bound to
-the session it was handed to, so a block replayed in another session is not its own.
+No key is a constant of the source: they are configured (`signing_keys`; the first
+signs, all verify) or kept in the store, so every replica of one database signs and
+verifies alike; an older stored key verifies for `grace_s` after a newer one is made.
+A signature is bound to the session it was handed to, so a block replayed in another
+session is not its own. docs/security.md ("The signature") has the details.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """The generating routes, dispatched by a pure ASGI middleware before FastAPI's router.
 
-Every agent turn is a `POST /v1/chat/completions` (or `/completions`, `/responses`,
-`/v1/messages`). Through FastAPI's router each one walked the route list, then FastAPI's
-per-route wrapper (an exit stack, dependency solving, query parsing, response
-serialisation) and Starlette's exception layer: about a sixth of the gateway's CPU per
-request at one session (docs/benchmarks.md). Those handlers need none of it: they take
-the `Request` and return a `Response`.
-
-`GeneratingRoutes` is an ordinary pure ASGI middleware (Starlette's documented kind),
-added with `app.add_middleware` as the innermost one, inside the request timer, the body
-limit and the unexpected-error catcher, so those see these requests as any other. An
-exact `POST` to a route whose endpoint is marked `hot` goes to that endpoint; its
-errors go to the gateway's own exception handlers (`gateway.errors.EXCEPTION_HANDLERS`,
-the table FastAPI's path is given too), so every status and error shape is the one
-FastAPI's path gives. Anything else goes on to FastAPI's router. The routes stay declared
-on their routers, so the OpenAPI document and a `GET`'s 405 are FastAPI's.
+Through the router, every agent turn walked the route list, FastAPI's per-route wrapper
+(exit stack, dependencies, serialisation) and Starlette's exception layer: about a sixth
+of the gateway's CPU per request at one session (docs/benchmarks.md). Those handlers take
+the `Request` and return a `Response`, so an exact `POST` to a route marked `hot` goes
+straight to its endpoint, and its errors to the handlers FastAPI's path uses
+(`EXCEPTION_HANDLERS`): the same statuses and shapes. Added innermost, so the timer, body
+limit and error catcher see these requests as any other; the routes stay declared on
+their routers, so the OpenAPI document and a `GET`'s 405 are FastAPI's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -73,16 +65,9 @@ class GeneratingRoutes:
         try:
             response = await route.endpoint(request)
         except Exception as exc:
-            handler = handler_for(exc)
+            # the gateway's handler for it, by class as Starlette looks it up
+            handler = next(filter(None, map(EXCEPTION_HANDLERS.get, type(exc).__mro__)), None)
             if handler is None:
                 raise  # the unexpected-error middleware outside answers it
             response = await handler(request, exc)
         await response(scope, receive, send)
-
-
-def handler_for(exc: Exception) -> Callable[[Request, Any], Awaitable[Response]] | None:
-    """The gateway's exception handler for `exc`, by class as Starlette looks it up."""
-    for cls in type(exc).__mro__:
-        if cls in EXCEPTION_HANDLERS:
-            return EXCEPTION_HANDLERS[cls]
-    return None

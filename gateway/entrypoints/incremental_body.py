@@ -31,6 +31,7 @@ setting) is parsed whole, as before.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +42,7 @@ from gateway.frozen import FrozenList, freeze
 from gateway.lru import LRU
 from gateway.serving.turn import body_digest, body_hasher, request_hash
 
-_COMMA, _CLOSE, _OPEN = 0x2C, 0x5D, 0x5B  # , ] [
-_SPACE = b" \t\r\n"
+_COMMA, _CLOSE = 0x2C, 0x5D  # , ]
 
 
 @dataclass(slots=True)
@@ -188,20 +188,12 @@ def common_prefix(a: bytes, b: bytes) -> int:
 
 
 def history_start(body: bytes, key: str, before: int) -> int:
-    """Index of the `[` after the first `"key":` in `body` (before `before`), or -1. Only
-    a candidate: `proves_history` tells whether it is the top-level key's value."""
-    at = body.find(b'"' + key.encode() + b'"', 0, before)
-    if at < 0:
-        return -1
-    i = at + len(key) + 2
-    while i < before and body[i] in _SPACE:
-        i += 1
-    if i >= before or body[i] != ord(":"):
-        return -1
-    i += 1
-    while i < before and body[i] in _SPACE:
-        i += 1
-    return i if i < before and body[i] == _OPEN else -1
+    """Index of the `[` that opens `"key":`'s value in `body` (before `before`), or -1.
+    Only a candidate: `proves_history` tells whether it is the top-level key's value."""
+    found = re.compile(rb'"%s"[ \t\r\n]*:[ \t\r\n]*\[' % re.escape(key.encode())).search(
+        body, 0, before
+    )
+    return -1 if found is None else found.end() - 1
 
 
 def proves_history(body: bytes, start: int, end: int, key: str, count: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -79,11 +80,7 @@ async def create_session(
     body = body or CreateSessionRequest()
     key = new_session_key()
     session_id = "sess-" + uuid.uuid4().hex
-    ttl = (
-        min(body.ttl_seconds, state.config.session_ttl_s)
-        if body.ttl_seconds
-        else state.config.session_ttl_s
-    )
+    ttl = min(body.ttl_seconds, state.config.session_ttl_s)
     terms = SessionTerms(
         sampling=body.sampling.model_dump(exclude_none=True) if body.sampling else None,
         history=body.history,
@@ -141,13 +138,8 @@ async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[
 
 def _drift_causes(completions: list[dict[str, Any]]) -> dict[str, int]:
     """How many turns drifted from their parent's tokens, by cause ("unknown": not known)."""
-    causes: dict[str, int] = {}
-    for c in completions:
-        found = c["diagnostics"].get("drift")
-        if found:
-            cause = found.get("cause") or "unknown"
-            causes[cause] = causes.get(cause, 0) + 1
-    return causes
+    drifts = filter(None, (c["diagnostics"].get("drift") for c in completions))
+    return dict(Counter(d.get("cause") or "unknown" for d in drifts))
 
 
 @router.post(

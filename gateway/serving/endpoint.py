@@ -110,6 +110,34 @@ class Choice:
         return []
 
 
+class WriterChoice(Choice):
+    """The one choice of an endpoint whose writer keeps the answer (its content blocks,
+    its output items): frames are made even when not streamed.
+
+    The stream opens (`start_frames`) once the engine has answered: an engine that is
+    down before then is an HTTP error the client retries, not a broken stream."""
+
+    def __init__(self, parser: OutputParser | None, writer: Any) -> None:
+        super().__init__(0, parser, True)
+        self.writer = writer
+        self._started = False
+
+    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
+        if not events:
+            return []
+        return self.started() + self.writer.events(events)
+
+    def started(self) -> list[bytes]:
+        """The opening frames, the first time only."""
+        if self._started:
+            return []
+        self._started = True
+        return self.start_frames()
+
+    def start_frames(self) -> list[bytes]:
+        return []
+
+
 class ServingEndpoint(abc.ABC, Generic[Req]):
     endpoint: str  # the `endpoint` column of the records
     # the request field holding the conversation: recorded as the request's own object

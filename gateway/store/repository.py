@@ -79,16 +79,14 @@ class Repository:
         )
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
-        table = SessionRow.__table__
-        with self.engine.connect() as conn:
-            row = conn.execute(select(table).where(table.c.key_hash == key_hash)).first()
-        return None if row is None else _row_info(row)
+        return self._session_where(SessionRow.__table__.c.key_hash == key_hash)
 
     def session(self, session_id: str) -> SessionInfo | None:
+        return self._session_where(SessionRow.__table__.c.id == session_id)
+
+    def _session_where(self, condition: Any) -> SessionInfo | None:
         with self.engine.connect() as conn:
-            row = conn.execute(
-                select(SessionRow.__table__).where(SessionRow.__table__.c.id == session_id)
-            ).first()
+            row = conn.execute(select(SessionRow.__table__).where(condition)).first()
         return None if row is None else _row_info(row)
 
     def sessions_ended_since(self, since: float) -> list[str]:
@@ -125,8 +123,8 @@ class Repository:
                 s.c.expires_at,
                 s.c.ended_at,
                 s.c.metadata,
-                counts.c.n,
-                counts.c.rewarded,
+                func.coalesce(counts.c.n, 0).label("num_completions"),
+                func.coalesce(counts.c.rewarded, 0).label("num_rewarded"),
             )
             .outerjoin(counts, counts.c.session_id == s.c.id)
             .order_by(s.c.created_at.desc())
@@ -134,19 +132,7 @@ class Repository:
             .offset(offset)
         )
         with self.engine.connect() as conn:
-            rows = conn.execute(q).all()
-        return [
-            dict(
-                id=r.id,
-                created_at=r.created_at,
-                expires_at=r.expires_at,
-                ended_at=r.ended_at,
-                metadata=r.metadata,
-                num_completions=r.n or 0,
-                num_rewarded=r.rewarded or 0,
-            )
-            for r in rows
-        ]
+            return [dict(r._mapping) for r in conn.execute(q)]
 
     def count_active_sessions(self) -> int:
         s = SessionRow.__table__
@@ -285,11 +271,10 @@ class Repository:
             if len(rows) != n:
                 return []
             rebuilder = self._rebuilder(conn, session_id)
-            out = sorted(
+            return sorted(
                 (completion_dict(r._mapping, rebuilder.one(r._mapping)) for r in rows),
                 key=lambda d: d["choice_index"],
             )
-        return out if len(out) == n else []
 
     # ---- rewards ---------------------------------------------------------------------
     def set_rewards(self, rewards: dict[str, float]) -> int:

@@ -269,15 +269,15 @@ def thinking_key_ids(req: CountTokensRequest, start: int = 0) -> list[str]:
 
 def _sent_back(req: CountTokensRequest, start: int, kind: str) -> list[dict[str, Any]]:
     """The assistant content blocks of this type in `req.messages[start:]`."""
-    blocks = []
-    for m in req.messages[start:]:
-        if (
-            isinstance(m, dict)
-            and m.get("role") == "assistant"
-            and isinstance(m.get("content"), list)
-        ):
-            blocks += [b for b in m["content"] if isinstance(b, dict) and b.get("type") == kind]
-    return blocks
+    return [
+        b
+        for m in req.messages[start:]
+        if isinstance(m, dict)
+        and m.get("role") == "assistant"
+        and isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == kind
+    ]
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -299,19 +299,18 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return out or None
 
 
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+
+
 def chat_tool_choice(choice: dict[str, Any] | None) -> Any:
     """`{"type": auto | any | tool | none}` as chat's `tool_choice`."""
     if choice is None:
         return None
     kind = choice.get("type")
-    if kind == "auto":
-        return "auto"
-    if kind == "any":
-        return "required"
-    if kind == "none":
-        return "none"
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind in _TOOL_CHOICES:
+        return _TOOL_CHOICES[kind]
     raise bad_request(
         f"tool_choice.type must be auto, any, tool or none, got {kind!r}", "tool_choice"
     )

@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from gateway.chat.events import Event, ToolCall
+from gateway.chat.events import ToolCall
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.anthropic.messages import protocol as p_
@@ -37,9 +37,16 @@ from gateway.entrypoints.anthropic.messages.protocol import (
 )
 from gateway.frozen import freeze
 from gateway.lru import LRU, HistoryMemo
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, replay_stream
+from gateway.serving.endpoint import (
+    Choice,
+    Prepared,
+    ServingEndpoint,
+    Stages,
+    WriterChoice,
+    replay_stream,
+)
 from gateway.serving.generate import Sampling
-from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn
+from gateway.serving.turn import Answer, ChoiceOutput, Turn
 from gateway.store.repository import SessionInfo
 
 # A system prompt that asks for a title of the conversation, with no tools
@@ -47,30 +54,19 @@ from gateway.store.repository import SessionInfo
 _SIDE_PROMPT = re.compile(r"\btitle\b", re.IGNORECASE)
 
 
-class MessageChoice(Choice):
+class MessageChoice(WriterChoice):
     """The one choice of a message; its writer keeps the content blocks."""
 
     def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
-        super().__init__(0, parser, True)  # (frames always: its writer keeps the answer)
+        super().__init__(parser, p.context["writer"])
+        self.writer: BlockWriter
         self.p = p
-        self.writer: BlockWriter = p.context["writer"]
-        self._started = False
 
     def on_end(self) -> list[bytes]:
         frames = self.frames(self.parser.finish() if self.parser else [], None)
-        return self._started_frames() + frames + self.writer.close()
+        return self.started() + frames + self.writer.close()
 
-    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
-        if not events:
-            return []
-        return self._started_frames() + self.writer.events(events)
-
-    def _started_frames(self) -> list[bytes]:
-        """`message_start` first, once the engine has answered (an engine that is down
-        before then is an HTTP error the client retries, not a broken stream)."""
-        if self._started:
-            return []
-        self._started = True
+    def start_frames(self) -> list[bytes]:
         turn = self.p.turns[0]
         tokens = p_.usage(len(turn.prompt_ids), 0)
         start = p_.message(turn.ids[0], self.p.req.model, [], None, None, tokens)

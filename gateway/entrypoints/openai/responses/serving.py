@@ -25,7 +25,7 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
-from gateway.chat.events import Event, ToolCall
+from gateway.chat.events import ToolCall
 from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.openai.responses.events import EventWriter
@@ -38,9 +38,9 @@ from gateway.entrypoints.openai.responses.protocol import (
     to_messages,
 )
 from gateway.errors import APIError
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, replay_stream
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, WriterChoice, replay_stream
 from gateway.serving.generate import Sampling
-from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn
+from gateway.serving.turn import Answer, ChoiceOutput, Turn
 from gateway.store.repository import SessionInfo
 
 
@@ -48,32 +48,22 @@ def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex}"
 
 
-class ResponseChoice(Choice):
+class ResponseChoice(WriterChoice):
     """The one choice of a response; its writer keeps the output items (and their ids)."""
 
     def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
-        super().__init__(0, parser, True)  # (frames always: its writer keeps the answer)
+        super().__init__(parser, p.context["writer"])
+        self.writer: EventWriter
         self.ctx: ResponseContext = p.context["shape"]
-        self.writer: EventWriter = p.context["writer"]
         self.response: Response | None = None
-        self._started = False
 
     def on_end(self) -> list[bytes]:
         frames = self.frames(self.parser.finish() if self.parser else [], None)
         if not self.writer.items and not self.writer.open:  # an empty answer: one message
-            frames += self._started_frames() + self.writer.text("")
+            frames += self.started() + self.writer.text("")
         return frames + self.writer.close()
 
-    def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
-        if not events:
-            return []
-        return self._started_frames() + self.writer.events(events)
-
-    def _started_frames(self) -> list[bytes]:
-        """`response.created` first, once the engine has answered."""
-        if self._started:
-            return []
-        self._started = True
+    def start_frames(self) -> list[bytes]:
         return self.writer.start(self.ctx.response("in_progress", []))
 
     def done(self, answer: Answer) -> list[bytes]:
