@@ -24,6 +24,17 @@ from gateway.registry import Registry
 Calls = list[tuple[str, str]]  # (name, arguments JSON) of each call
 
 
+def scan(text: str, markers: tuple[str, ...]) -> tuple[str, str | None, str]:
+    """(the text before the first of `markers`, that marker, the text after it); with
+    none: (what cannot be the start of one, None, the rest, held back until known)."""
+    hits = [(i, m) for m in markers if (i := text.find(m)) >= 0]
+    if not hits:
+        ready = len(text) - partial_suffix_len(text, markers)
+        return text[:ready], None, text[ready:]
+    at, marker = min(hits)
+    return text[:at], marker, text[at + len(marker) :]
+
+
 class ToolParser(abc.ABC):
     """Feed text as it is generated; get content and complete tool calls back."""
 
@@ -135,14 +146,10 @@ class BlockToolParser(ToolParser):
         self._buf += text
         while self._buf:
             if not self._in_call:
-                start = self._buf.find(self.open)
-                if start < 0:
-                    ready = len(self._buf) - partial_suffix_len(self._buf, (self.open,))
-                    events += self._content(self._buf[:ready])
-                    self._buf = self._buf[ready:]
+                before, opened, self._buf = scan(self._buf, (self.open,))
+                events += self._content(before)
+                if opened is None:
                     break
-                events += self._content(self._buf[:start])
-                self._buf = self._buf[start + len(self.open) :]
                 self._in_call = True
             else:
                 end = self._buf.find(self.close)

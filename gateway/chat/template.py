@@ -295,50 +295,33 @@ class ChatRenderer:
         tool_choice: Any = None,
     ) -> Rendered:
         """`parent` (the parent's prompt ids, output ids) + the rendering of
-        `messages[start:]`, the messages after the parent's answer `messages[start - 1]`.
-
-        A fallback (the template's full render, `fallback` saying why) when the text
-        after the answer cannot be told from the template's render."""
+        `messages[start:]`, the messages after the parent's answer `messages[start - 1]`;
+        the template's full render, `fallback` saying why, where that text cannot be told."""
         full = self.render_text(messages, tools, tool_choice)
-        prompt_ids, output_ids = parent
-        last = output_ids[-1] if output_ids else prompt_ids[-1] if prompt_ids else None
-        tail, why = self._after_answer(
-            messages, start, tools, tool_choice, last in self.stop_token_ids, full
-        )
-        if tail is None:
-            return Rendered(TokenIds(self.heads.encode(full)), full, False, fallback=why)
-        ids = TokenIds.joined(prompt_ids, output_ids, self.encode(tail))
-        return Rendered(ids, tail, False, history="token_exact")
 
-    def _after_answer(
-        self,
-        messages: list[dict[str, Any]],
-        start: int,
-        tools: list[dict[str, Any]] | None,
-        tool_choice: Any,
-        closed: bool,
-        full: str,
-    ) -> tuple[str | None, str]:
-        """(the text the template renders after the answer `messages[start - 1]`, or
-        None; the reason when None). `closed`: the model ended its answer with its stop
-        token, which stands in for the template's own closing token."""
+        def fallback(why: str) -> Rendered:
+            return Rendered(TokenIds(self.heads.encode(full)), full, False, fallback=why)
+
         if start < 1 or messages[start - 1].get("role") != "assistant":
-            return None, "no_answer"
+            return fallback("no_answer")
         if self.own is not None:  # what the mark drops may be needed (harmony: a call's name)
             messages = self.own.standalone(messages)
         marked = [*messages[: start - 1], {"role": "assistant", "content": _ANSWER_MARK}]
         text = self.render_text([*marked, *messages[start:]], tools, tool_choice)
         if text.count(_ANSWER_MARK) != 1:
-            return None, "template_drops_answer"
+            return fallback("template_drops_answer")
         tail = text.split(_ANSWER_MARK, 1)[1]
-        if closed:
+        prompt_ids, output_ids = parent
+        last = output_ids[-1] if output_ids else prompt_ids[-1] if prompt_ids else None
+        if last in self.stop_token_ids:  # it stands in for the template's closing token
             m = self._closing.match(tail)
             if m is None:
-                return None, "no_closing_token"
+                return fallback("no_closing_token")
             tail = tail[m.end() :]
         if not full.endswith(tail):  # the new messages render differently in context
-            return None, "template_mismatch"
-        return tail, ""
+            return fallback("template_mismatch")
+        ids = TokenIds.joined(prompt_ids, output_ids, self.encode(tail))
+        return Rendered(ids, tail, False, history="token_exact")
 
     def text_prefix(self, prompt: Rendered, output_ids: list[int]) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely
@@ -358,27 +341,23 @@ class ChatRenderer:
     def _render_normalized(
         self, normalized: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any
     ) -> str:
-        if self.traits.tools:
-            return self._apply(normalized, tools or None)
-        call_format = families.make_tool_parser(self.tool_parser).call_format
-        inline_calls = not self.traits.tool_calls
-        return self._apply(
-            inline_tools(normalized, tools, tool_choice, call_format, inline_calls), None
-        )
-
-    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        if not self.traits.tools:  # the gateway's tool prompt (tools.py)
+            call_format = families.make_tool_parser(self.tool_parser).call_format
+            inline_calls = not self.traits.tool_calls
+            normalized = inline_tools(normalized, tools, tool_choice, call_format, inline_calls)
+            tools = None
         if self.own is not None:
-            return self.own.render(messages, tools)
+            return self.own.render(normalized, tools or None)
         # No None values here but where the template needs them (normalize_message): as
         # apply_chat_template has it, most templates handle a missing key, not a None one,
         # but one that tells a tool-call turn by `content is none` (DeepSeek V3's) needs it.
-        # gpt-oss-style Jinja templates read an answer's reasoning as `thinking`
+        # gpt-oss-style Jinja templates read an answer's reasoning as `thinking`.
         return self._compiled.render(
             messages=[
                 {"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else m
-                for m in messages
+                for m in normalized
             ],
-            tools=tools,
+            tools=tools or None,
             documents=None,
             add_generation_prompt=True,
             **self._template_kwargs,

@@ -84,7 +84,7 @@ def normalize_message(message: dict[str, Any], traits: TemplateTraits = _PLAIN) 
         out["reasoning_content"] = reasoning
     if role == "tool":
         call_id = message.get("tool_call_id")
-        if call_id is not None or traits.none_content:  # see ChatRenderer._apply
+        if call_id is not None or traits.none_content:  # see ChatRenderer._render_normalized
             out["tool_call_id"] = call_id
     if message.get("name"):
         out["name"] = message["name"]

@@ -24,10 +24,10 @@ import hashlib
 import json
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gateway.chat.detokenize import partial_suffix_len
 from gateway.chat.events import Event
 from gateway.chat.families import Family, register_family
 from gateway.chat.parsers import (
@@ -36,6 +36,7 @@ from gateway.chat.parsers import (
     BlockToolParser,
     ReasoningParser,
     arguments_json,
+    scan,
 )
 from gateway.chat.template_traits import TemplateTraits
 from gateway.chat.tokenizer import bytes_to_unicode
@@ -167,34 +168,27 @@ class HarmonyTemplate:
         if instructions or tools:
             out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
         names = {}  # tool call id -> function name
+        assistant = partial(Message.from_role_and_content, Role.ASSISTANT)
         for m in messages:
             role = m["role"]
             if role == "user":
                 out.append(Message.from_role_and_content(Role.USER, m["content"]))
             elif role == "assistant":
                 if m.get("reasoning_content"):
-                    out.append(
-                        Message.from_role_and_content(
-                            Role.ASSISTANT, m["reasoning_content"]
-                        ).with_channel("analysis")
-                    )
+                    out.append(assistant(m["reasoning_content"]).with_channel("analysis"))
                 for tc in m.get("tool_calls") or []:
                     fn = tc["function"]
                     names[tc.get("id")] = fn["name"]
                     args = fn["arguments"]
                     text = args if isinstance(args, str) else json.dumps(args)
                     out.append(
-                        Message.from_role_and_content(Role.ASSISTANT, text)
+                        assistant(text)
                         .with_channel("commentary")
                         .with_recipient(f"functions.{fn['name']}")
                         .with_content_type("<|constrain|>json")
                     )
                 if m.get("content") or not m.get("tool_calls"):
-                    out.append(
-                        Message.from_role_and_content(
-                            Role.ASSISTANT, m.get("content") or ""
-                        ).with_channel("final")
-                    )
+                    out.append(assistant(m.get("content") or "").with_channel("final"))
             elif role == "tool":
                 name = names.get(m.get("tool_call_id")) or m.get("name") or "unknown"
                 out.append(
@@ -258,27 +252,18 @@ class HarmonyReasoningParser(ReasoningParser):
                 self._open(self._buf[:at])
                 self._buf = self._buf[at + len(MESSAGE) :]
             elif self._state == _BODY:
-                hit = _first(self._buf, _ENDS)
-                if hit is None:
-                    ready = len(self._buf) - partial_suffix_len(self._buf, _ENDS)
-                    events += self._body(self._buf[:ready])
-                    self._buf = self._buf[ready:]
+                body, marker, self._buf = scan(self._buf, _ENDS)
+                events += self._body(body)
+                if marker is None:
                     break
-                at, marker = hit
-                events += self._body(self._buf[:at])
                 events += self._close()
-                self._buf = self._buf[at + len(marker) :]
                 self._state = _HEADER if marker == START else _BETWEEN
                 self._after_start = marker == START
             else:  # between messages: only `<|start|>` is expected
-                at = self._buf.find(START)
-                if at < 0:
-                    ready = len(self._buf) - partial_suffix_len(self._buf, (START,))
-                    events += self._say(self._buf[:ready])
-                    self._buf = self._buf[ready:]
+                before, marker, self._buf = scan(self._buf, (START,))
+                events += self._say(before)
+                if marker is None:
                     break
-                events += self._say(self._buf[:at])
-                self._buf = self._buf[at + len(START) :]
                 self._state, self._after_start = _HEADER, True
         return events
 
@@ -310,15 +295,8 @@ class HarmonyReasoningParser(ReasoningParser):
     def _close(self) -> list[Event]:
         if self._kind != "call":
             return []
-        header = self._header
-        header = header[len("assistant") :] if header.startswith("assistant") else header
+        header = self._header.removeprefix("assistant")
         return self._say(CALL_OPEN + header + MESSAGE + self._call_body + CALL)
-
-
-def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
-    """The earliest of `markers` in `text`: (index, marker), or None."""
-    hits = [(i, m) for m in markers if (i := text.find(m)) >= 0]
-    return min(hits) if hits else None
 
 
 register_family(

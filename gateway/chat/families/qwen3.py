@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import re
 
-from gateway.chat.detokenize import partial_suffix_len
 from gateway.chat.events import Event
 from gateway.chat.families import Family, register_family
-from gateway.chat.parsers import REASONING_PARSERS, ReasoningParser
+from gateway.chat.parsers import REASONING_PARSERS, ReasoningParser, scan
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -53,14 +52,10 @@ class ThinkReasoningParser(ReasoningParser):
                     continue
                 if self._lead and THINK_OPEN.startswith(self._buf.lstrip()):
                     break  # may be an opening tag the prompt already wrote
-                end = self._buf.find(THINK_CLOSE)
-                if end < 0:
-                    ready = len(self._buf) - partial_suffix_len(self._buf, (THINK_CLOSE,))
-                    events += self._reasoning_text(self._buf[:ready])
-                    self._buf = self._buf[ready:]
+                thought, closed, self._buf = scan(self._buf, (THINK_CLOSE,))
+                events += self._reasoning_text(thought)
+                if closed is None:
                     break
-                events += self._reasoning_text(self._buf[:end])
-                self._buf = self._buf[end + len(THINK_CLOSE) :]
                 self._state, self._held_nl, self._lead = _CONTENT, "", True
             else:
                 events += self._content_text(self._buf)
