@@ -325,7 +325,7 @@ def test_a_fast_stream_read_slowly_is_not_buffered_without_bound(monkeypatch) ->
                     n += 1
                     if n % 50 == 0:
                         await asyncio.sleep(0.01)  # a slow reader
-                        most = max(most, r._conn._buffered)
+                        most = max(most, r._buffered)
             assert n == 500
             assert most < 64 * 1024 + 512 * 1024  # the socket's buffers, not the stream
             await c.close()

@@ -11,9 +11,9 @@ CPU (docs/benchmarks.md, `python -m bench.engine_client`).
 
 What engines need is all here: keep-alive pooling bounded by `max_connections`, a
 connect timeout and a deadline per request, chunked and length-framed bodies (and ones
-that end with the connection), streamed bodies read by line or by server-sent event
-with flow control, and plain or TLS connections. Callers see `Reply`, `StreamReply`
-and `ConnectFailed` / `TimedOut` / `HTTPFailed`.
+that end with the connection), streamed bodies read by server-sent event with flow
+control, and plain or TLS connections. Callers see `Reply`, a stream's connection and
+`ConnectFailed` / `TimedOut` / `HTTPFailed`.
 """
 
 from __future__ import annotations
@@ -54,18 +54,15 @@ class Reply:
     content: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """Where a URL's requests go, and the first line + Host header they start with."""
-
-    key: tuple[str, str, int]  # (scheme, host, port): the pool a connection belongs to
-    head: bytes  # b"{METHOD} " is put in front; b"HTTP/1.1\r\nHost: ...\r\n" is in it
+# (scheme, host, port): the pool a connection belongs to
+Key = tuple[str, str, int]
 
 
 class _Connection(asyncio.Protocol):
-    """One kept-alive connection; it carries one request at a time."""
+    """One kept-alive connection; it carries one request at a time. A stream's reply is
+    read from it: `status`, then `read()` (whole) or `events()`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int], url: str):
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: Key, url: str):
         self.loop = loop
         self.key = key
         self.url = url  # the first URL it was opened for (error messages)
@@ -167,14 +164,25 @@ class _Connection(asyncio.Protocol):
                 return
             await self._wait()
 
+    async def events(self) -> AsyncIterator[str]:
+        """The `data:` payloads of a server-sent event stream, up to `[DONE]`."""
+        rest = b""
+        async for chunk in self.chunks():
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                if line.startswith(b"data:"):
+                    payload = line[5:].decode("utf-8", errors="replace").strip()
+                    if payload == "[DONE]":
+                        return
+                    yield payload
+        payload = rest[5:].decode("utf-8", errors="replace").strip()
+        if rest.startswith(b"data:") and payload != "[DONE]":
+            yield payload
+
     def reusable(self) -> bool:
         """Whole response read, and both sides keep the connection: it may go back."""
         return (
-            self._complete
-            and not self.closed
-            and not self._body
-            and self._error is None
-            and self._keep_alive
+            self._complete and self._keep_alive and not (self.closed or self._body or self._error)
         )
 
     def finish(self) -> None:
@@ -215,37 +223,6 @@ class _Connection(asyncio.Protocol):
         self.close()
 
 
-class StreamReply:
-    """An open response whose body is read whole, line by line, or by event."""
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn = conn
-        self.status = conn.status
-
-    async def read(self) -> bytes:
-        return await self._conn.read()
-
-    async def lines(self) -> AsyncIterator[str]:
-        rest = b""
-        async for chunk in self._conn.chunks():
-            rest += chunk
-            *whole, rest = rest.split(b"\n")
-            for line in whole:
-                yield line.decode("utf-8", errors="replace").rstrip("\r")
-        if rest:
-            yield rest.decode("utf-8", errors="replace").rstrip("\r")
-
-    async def events(self) -> AsyncIterator[str]:
-        """The `data:` payloads of a server-sent event stream, up to `[DONE]`."""
-        async for line in self.lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                return
-            yield payload
-
-
 class EngineHTTP:
     """A connection pool to one or more engine servers (started inside the event loop)."""
 
@@ -263,9 +240,10 @@ class EngineHTTP:
         self._max_connections = max_connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle: dict[Key, list[_Connection]] = {}
         self._open: set[_Connection] = set()
-        self._targets: dict[str, _Target] = {}
+        # a URL's pool, and the first line + Host header its requests start with
+        self._targets: dict[str, tuple[Key, bytes]] = {}
 
     async def start(self) -> None:
         if self._loop is None:
@@ -316,13 +294,13 @@ class EngineHTTP:
     @asynccontextmanager
     async def stream(
         self, url: str, body: Body, *, headers: dict[str, str] | None = None
-    ) -> AsyncIterator[StreamReply]:
+    ) -> AsyncIterator[_Connection]:
         slots = self._started()
         async with slots:
             conn = await self._exchange(b"POST ", url, body, headers, None)
             try:
                 await conn.headers()
-                yield StreamReply(conn)
+                yield conn
             except BaseException:
                 self._discard(conn)
                 raise
@@ -346,7 +324,8 @@ class EngineHTTP:
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _target(url)
-        data: list[bytes | memoryview] = [method, target.head, self._headers]
+        key, head = target
+        data: list[bytes | memoryview] = [method, head, self._headers]
         if headers:
             data.append(_header_lines(headers))
         if body is None:
@@ -356,14 +335,12 @@ class EngineHTTP:
         else:
             data.append(b"Content-Length: %d\r\n\r\n" % sum(map(len, body)))
             data += body
-        conn = self._idle_connection(target.key)
-        if conn is None:
-            conn = await self._connect(target.key, url)
+        conn = self._idle_connection(key) or await self._connect(key, url)
         assert self._loop is not None
         conn.send(data, self._loop.time() + (self._timeout_s if timeout is None else timeout))
         return conn
 
-    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
+    def _idle_connection(self, key: Key) -> _Connection | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
@@ -372,7 +349,7 @@ class EngineHTTP:
             self._open.discard(conn)
         return None
 
-    async def _connect(self, key: tuple[str, str, int], url: str) -> _Connection:
+    async def _connect(self, key: Key, url: str) -> _Connection:
         scheme, host, port = key
         assert self._loop is not None
         loop = self._loop
@@ -401,7 +378,7 @@ class EngineHTTP:
         self._open.discard(conn)
 
 
-def _target(url: str) -> _Target:
+def _target(url: str) -> tuple[Key, bytes]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
@@ -411,7 +388,7 @@ def _target(url: str) -> _Target:
         path += "?" + parts.query
     host = parts.netloc.rpartition("@")[2]
     head = f"{path} HTTP/1.1\r\nHost: {host}\r\n".encode("latin-1")
-    return _Target((parts.scheme, parts.hostname, port), head)
+    return (parts.scheme, parts.hostname, port), head
 
 
 def _header_lines(headers: dict[str, str]) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -81,15 +82,9 @@ def _hf_copy_of_gguf(folder: Path, gguf_file: str, name: str) -> Path:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.replace(target) if not target.exists() else _replace_dir(tmp, target)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.replace(target)
     return target
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    import shutil
-
-    shutil.rmtree(dst, ignore_errors=True)
-    src.replace(dst)
 
 
 def load_tokenizer(model_dir: Path):  # -> PreTrainedTokenizerBase

@@ -161,6 +161,7 @@ class RemoteEngine(InferenceEngine):
     server = "an inference server"  # what --engine-url names, and an example URL
     example_url = "http://host:8000"
     generate_path = "/generate"
+    version_path = "/get_model_info"  # answers {"weight_version": ...}
     # What every answer (or stream event) holds; an `error` without it is a refusal.
     answer_key = "meta_info"
     # The server's refusals of an over-long prompt, with groups `prompt` and `context`.
@@ -201,10 +202,6 @@ class RemoteEngine(InferenceEngine):
         self.resubmits = 0  # segments sent again after an abort (weight updates)
 
     # ---- what a server kind defines -----------------------------------------------------
-    @abc.abstractmethod
-    async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
-        """(context length, weight version as an int, answered) for one server."""
-
     @abc.abstractmethod
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
@@ -283,7 +280,9 @@ class RemoteEngine(InferenceEngine):
     async def health(self) -> bool:
         if self._client is None:
             return False
-        ok = await asyncio.gather(*(self._healthy(u) for u in self.urls))
+        timeout = self.options.health_timeout_s
+        replies = await asyncio.gather(*(self._get(f"{u}/health", timeout) for u in self.urls))
+        ok = [r is not None for r in replies]
         if self.router is not None:
             for url, up in zip(self.urls, ok, strict=True):
                 (self.router.mark_up if up else self.router.mark_down)(url)
@@ -291,13 +290,14 @@ class RemoteEngine(InferenceEngine):
             await self._fetch_info()
         return any(ok)
 
-    async def _healthy(self, url: str) -> bool:
+    async def _get(self, url: str, timeout: float) -> bytes | None:
+        """GET: the body of a 200, else None."""
         assert self._client is not None
         try:
-            r = await self._client.get(f"{url}/health", timeout=self.options.health_timeout_s)
+            r = await self._client.get(url, timeout=timeout)
         except HTTPFailed:
-            return False
-        return r.status == 200
+            return None
+        return r.content if r.status == 200 else None
 
     async def _fetch_info(self) -> bool:
         """Learn the context length and weight version; True if a server answered."""
@@ -314,16 +314,19 @@ class RemoteEngine(InferenceEngine):
             self._server_context = min(contexts)
         return answered
 
+    async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
+        """(context length, weight version as an int, answered) for one server."""
+        models = await self._get_json(url, "/v1/models")
+        info = await self._get_json(url, self.version_path)
+        data = models.get("data") if isinstance(models, dict) else None
+        ctx = as_int(data[0].get("max_model_len")) if data else None
+        version = as_int(info.get("weight_version")) if isinstance(info, dict) else None
+        return ctx, version, models is not None or info is not None
+
     async def _get_json(self, url: str, path: str) -> Any:
-        assert self._client is not None
+        content = await self._get(f"{url}{path}", self.options.connect_timeout_s + 10)
         try:
-            r = await self._client.get(f"{url}{path}", timeout=self.options.connect_timeout_s + 10)
-        except HTTPFailed:
-            return None
-        if r.status != 200:
-            return None
-        try:
-            return json_codec.loads(r.content)
+            return None if content is None else json_codec.loads(content)
         except ValueError:
             return None
 

@@ -86,9 +86,7 @@ class StickyRouter:
         return min(candidates, key=lambda u: (self.inflight[u], self.assigned[u], order[u]))
 
     def _assign(self, key: str, url: str) -> None:
-        old = self._keys.pop(key, None)
-        if old is not None:
-            self.assigned[old] -= 1
+        self.forget(key)
         self._keys[key] = url
         self.assigned[url] += 1
         while len(self._keys) > self.max_keys:

@@ -84,26 +84,15 @@ class SGLangEngine(RemoteEngine):
         self.send_seed = send_seed
 
     async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
-        ctx: int | None = None
-        version: int | None = None
-        answered = False
-        for path in ("/get_model_info", "/v1/models", "/get_server_info"):
-            data = await self._get_json(url, path)
-            if data is None:
-                continue
-            answered = True
-            if path == "/get_model_info":
-                version = as_int(data.get("weight_version"))
-            elif path == "/v1/models":
-                models = data.get("data") or []
-                ctx = as_int(models[0].get("max_model_len")) if models else None
-            elif ctx is None:
-                ctx = as_int(data.get("context_length"))
-                max_input = as_int(data.get("max_req_input_len"))
+        ctx, version, answered = await super()._server_info(url)
+        if ctx is None:  # older servers: their server info says
+            info = await self._get_json(url, "/get_server_info")
+            answered = answered or info is not None
+            if isinstance(info, dict):
+                ctx = as_int(info.get("context_length"))
+                max_input = as_int(info.get("max_req_input_len"))
                 if ctx is None and max_input is not None:
                     ctx = max_input + 1
-            if ctx is not None and path != "/get_model_info":
-                break
         return ctx, version, answered
 
     def _body(

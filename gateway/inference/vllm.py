@@ -65,6 +65,7 @@ class VLLMEngine(RemoteEngine):
     label = "vLLM"
     server = "a vLLM server"
     generate_path = "/inference/v1/generate"
+    version_path = "/weight_info"  # dev mode only
     answer_key = "choices"
     # vLLM's refusals of an over-long prompt (renderers/params.py, the input processor).
     too_long = (
@@ -78,17 +79,6 @@ class VLLMEngine(RemoteEngine):
         ),
     )
     context_margin = 0  # vLLM serves prompt + max_tokens up to max_model_len
-
-    async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
-        ctx: int | None = None
-        version: int | None = None
-        models = await self._get_json(url, "/v1/models")
-        if isinstance(models, dict) and models.get("data"):
-            ctx = as_int(models["data"][0].get("max_model_len"))
-        info = await self._get_json(url, "/weight_info")  # dev mode only
-        if isinstance(info, dict):
-            version = as_int(info.get("weight_version"))
-        return ctx, version, models is not None
 
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
@@ -161,11 +151,15 @@ class VLLMEngine(RemoteEngine):
         return None
 
     async def collective_rpc(
-        self, url: str, method: str, kwargs: dict[str, Any], timeout_s: float | None = None
+        self,
+        url: str,
+        method: str,
+        kwargs: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         """Call our worker extension's `method` on every worker of one server: each
         worker's result. ControlFailed: what failed."""
-        body: dict[str, Any] = {"method": method, "kwargs": kwargs}
+        body: dict[str, Any] = {"method": method, "kwargs": kwargs or {}}
         if timeout_s is not None:
             body["timeout"] = timeout_s
         answer = await self.control(url, "/collective_rpc", body)

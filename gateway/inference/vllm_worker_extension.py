@@ -17,7 +17,6 @@ Runs in vLLM's venv: imports torch and weight_broadcast only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from gateway.inference.weight_broadcast import (
@@ -55,23 +54,14 @@ class WeightReceiverExtension:
             raise RuntimeError(
                 f"not in weight group {group_id!r} (joined: {self._turnstile_group_id!r})"
             )
-        parsed = Manifest.from_json(manifest)
+        sent = Manifest.from_json(manifest).tensors
         # Tied names are left to vLLM's loader (it ties lm_head to the embeddings).
-        untied = Manifest(parsed.tensors)
-        count = 0
-
-        def counted() -> Iterator[tuple[str, Any]]:
-            nonlocal count
-            for item in receive(self._turnstile_group, untied, self._turnstile_device()):
-                count += 1
-                yield item
-
-        tensors = counted()
+        tensors = receive(self._turnstile_group, Manifest(sent), self._turnstile_device())
         self.reload_weights(weights_iterator=tensors)  # type: ignore[attr-defined]
         for _ in tensors:  # whatever the loader left: the broadcast must run to its end
             pass
         self._turnstile_repack_tied_head()
-        return count
+        return len(sent)
 
     def _turnstile_repack_tied_head(self) -> None:
         """vLLM's CPU backend packs each linear layer's weights for its GEMM once they

@@ -19,6 +19,7 @@ group, over HTTP; only tensor bytes go through it. Tied weights (SmolLM2's
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,14 +45,7 @@ class GroupSpec:
     timeout_s: float = 600.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "port": self.port,
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "group_id": self.group_id,
-            "timeout_s": self.timeout_s,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GroupSpec:

@@ -6,11 +6,9 @@ engine gets is decided here, once. The embedded engine holds its rank in the gat
 process and loads what arrives between two decode steps; receiving blocks on the
 trainer's broadcast, so it runs in a thread, off the event loop that keeps serving
 requests. vLLM's workers hold theirs (vllm_worker_extension.py), reached through
-`/collective_rpc`; a push there runs inside the engine's update protocol (remote.py
-`update_weights_with`): every server paused (what it generates comes back aborted and
-is resubmitted after), each worker receiving and loading the tensors, the prefix cache
-reset, the weight version set, every server resumed. Tokens made before the push keep
-the old version, tokens after it carry the new one, as with a reload from disk.
+`/collective_rpc`; a push there is a load inside the engine's pause/resume update
+(remote.py `update_weights_with`), so per-token versions stay exact as with a reload
+from disk.
 """
 
 from __future__ import annotations
@@ -96,7 +94,7 @@ class VLLMWeightReceiver:
         """One rank per worker of each server, in rank order: each worker's device."""
         out: list[str] = []
         for url in self._servers:
-            results = await self.engine.collective_rpc(url, "turnstile_weight_device", {})
+            results = await self.engine.collective_rpc(url, "turnstile_weight_device")
             self._workers[url] = len(results)
             out += [str(device) for _, device in sorted(results)]
         return out
@@ -105,15 +103,11 @@ class VLLMWeightReceiver:
         if not self._workers:
             await self.devices()
         calls = []
-        rank = first_rank
         for url in self._servers:
-            kwargs = {"group": spec.to_json(), "first_rank": rank}
-            calls.append(
-                self.engine.collective_rpc(
-                    url, "turnstile_join_weight_group", kwargs, spec.timeout_s
-                )
-            )
-            rank += self._workers[url]
+            kwargs = {"group": spec.to_json(), "first_rank": first_rank}
+            method = "turnstile_join_weight_group"
+            calls.append(self.engine.collective_rpc(url, method, kwargs, spec.timeout_s))
+            first_rank += self._workers[url]
         await asyncio.gather(*calls)
         self.group_id = spec.group_id
 
@@ -128,12 +122,8 @@ class VLLMWeightReceiver:
         )
 
     async def leave(self) -> None:
-        await asyncio.gather(
-            *(
-                self.engine.collective_rpc(u, "turnstile_leave_weight_group", {})
-                for u in self._servers
-            )
-        )
+        leave = "turnstile_leave_weight_group"
+        await asyncio.gather(*(self.engine.collective_rpc(u, leave) for u in self._servers))
         self.group_id = ""
 
 
