@@ -175,15 +175,13 @@ def completion_record(
 ) -> CompletionRecord:
     """The one place a completion's record is built, for HTTP and direct generations."""
     parent = turn.parent
-    diagnostics: dict[str, Any] = {}
-    if turn.drift:
-        diagnostics["drift"] = turn.drift
-    if tool_parse_failures:
-        diagnostics["tool_parse_failures"] = tool_parse_failures
-    if turn.history:
-        diagnostics["history"] = turn.history
-    if turn.history_fallback:
-        diagnostics["history_fallback"] = turn.history_fallback
+    found = {
+        "drift": turn.drift,
+        "tool_parse_failures": tool_parse_failures,
+        "history": turn.history,
+        "history_fallback": turn.history_fallback,
+    }
+    diagnostics = {k: v for k, v in found.items() if v}
     return CompletionRecord(
         id=out.completion_id,
         session_id=turn.session_id,

@@ -33,13 +33,12 @@ def database_url(path_or_url: str | Path) -> str:
 
 def open_database(path_or_url: str | Path) -> Engine:
     url = database_url(path_or_url)
+    # hide_parameters: a failed statement's error would otherwise carry its parameters
+    # (prompts, key hashes) into the log; the gateway logs no prompt text.
+    common = {"json_serializer": json_codec.dumps_text, "hide_parameters": True}
     if url.startswith("sqlite"):
-        engine = create_engine(
-            url,
-            connect_args={"check_same_thread": False, "timeout": SQLITE_LOCK_WAIT_S},
-            json_serializer=json_codec.dumps_text,
-            hide_parameters=True,  # see below
-        )
+        connect_args = {"check_same_thread": False, "timeout": SQLITE_LOCK_WAIT_S}
+        engine = create_engine(url, connect_args=connect_args, **common)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -51,16 +50,7 @@ def open_database(path_or_url: str | Path) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:
-        engine = create_engine(
-            url,
-            pool_pre_ping=True,
-            pool_size=10,
-            max_overflow=20,
-            json_serializer=json_codec.dumps_text,
-            # A failed statement's error would otherwise carry its parameters (prompts,
-            # key hashes) into the log; the gateway logs no prompt text.
-            hide_parameters=True,
-        )
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **common)
     migrate(engine)
     return engine
 
@@ -90,9 +80,13 @@ def head_revision() -> str:
     """The newest migration's revision id: what `migrate` brings a store to."""
     from alembic.script import ScriptDirectory
 
+    return str(ScriptDirectory.from_config(_alembic_config()).get_current_head())
+
+
+def _alembic_config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    return str(ScriptDirectory.from_config(cfg).get_current_head())
+    return cfg
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:
@@ -102,8 +96,7 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     (PostgreSQL: a transaction-scoped advisory lock; SQLite: the write lock, taken up
     front), the others then find the schema at head.
     """
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg = _alembic_config()
     with _ALEMBIC, engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})

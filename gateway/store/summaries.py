@@ -91,12 +91,11 @@ def summary_query(f: SessionFilter, limit: int, offset: int, now: float | None =
         where += [s.c.ended_at.is_(None), s.c.expires_at > now]
     elif f.status == "expired":
         where += [s.c.ended_at.is_(None), s.c.expires_at <= now]
-    for flag, column in ((f.has_reward, counts.c.rewarded), (f.drifted, counts.c.drifted)):
+    flags = {"rewarded": f.has_reward, "drifted": f.drifted, "errors": f.errors}
+    for name, flag in flags.items():
         if flag is not None:
-            where.append(func.coalesce(column, 0) > 0 if flag else func.coalesce(column, 0) == 0)
-    if f.errors is not None:
-        errors = func.coalesce(counts.c.errors, 0)
-        where.append(errors > 0 if f.errors else errors == 0)
+            count = func.coalesce(counts.c[name], 0)
+            where.append(count > 0 if flag else count == 0)
     where += [_meta_equals(k, v) for k, v in f.metadata.items()]
     if where:
         q = q.where(and_(*where))

@@ -89,19 +89,21 @@ def _samples(session_id: str, completions: list[dict[str, Any]], style: str, gam
         return export_session(session_id, zeroed, style, gamma), True
 
 
-def _order(completions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
-    """Depth-first over the tree of turns (children by time), with each turn's depth."""
+def _order(completions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int, list[str]]]:
+    """Depth-first over the tree of turns (children by time): each turn with its depth
+    and its children's ids."""
     ids = {c["id"] for c in completions}
     kids: dict[str | None, list[dict[str, Any]]] = {}
     for c in completions:
         parent = c["parent_id"] if c["parent_id"] in ids else None
         kids.setdefault(parent, []).append(c)
-    out: list[tuple[dict[str, Any], int]] = []
+    out: list[tuple[dict[str, Any], int, list[str]]] = []
     stack = [(c, 0) for c in reversed(kids.get(None, []))]
     while stack:
         c, depth = stack.pop()
-        out.append((c, depth))
-        stack.extend((k, depth + 1) for k in reversed(kids.get(c["id"], [])))
+        children = kids.get(c["id"], [])
+        out.append((c, depth, [k["id"] for k in children]))
+        stack.extend((k, depth + 1) for k in reversed(children))
     return out
 
 
@@ -155,13 +157,10 @@ def build_session_view(
     samples, unrewarded = _samples(session_id, completions, style, turn_discount)
     by_id = {c["id"]: c for c in completions}
     cover = _cover(samples, {c["id"]: c for c in trainable(completions)})
-    kids: dict[str, list[str]] = {c["id"]: [] for c in completions}
-    for c in completions:
-        if c["parent_id"] in kids:
-            kids[c["parent_id"]].append(c["id"])
-    turns = []
-    for c, depth in _order(completions):
-        turns.append(_turn(c, depth, kids[c["id"]], by_id.get(c["parent_id"]), cover, texts))
+    turns = [
+        _turn(c, depth, children, by_id.get(c["parent_id"]), cover, texts)
+        for c, depth, children in _order(completions)
+    ]
     return SessionView(turns, style, turn_discount, unrewarded, len(samples))
 
 

@@ -63,8 +63,4 @@ def logprob_band(logprob: float | None) -> int:
     """0 (confident, p >= 0.9) .. 5 (p < 0.01); -1 where there is no logprob."""
     if logprob is None or math.isnan(logprob):
         return -1
-    p = math.exp(logprob)
-    for band, edge in enumerate(_BANDS):
-        if p >= edge:
-            return band
-    return len(_BANDS)
+    return sum(math.exp(logprob) < edge for edge in _BANDS)  # the edges it is below

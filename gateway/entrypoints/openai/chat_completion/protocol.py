@@ -184,15 +184,8 @@ class ChunkWriter:
         return frames
 
     def _hold(self, index: int, delta: TextDelta) -> None:
-        held = self._pending.get(index)
-        if held is None:
-            self._pending[index] = TextDelta(
-                "",
-                list(delta.token_ids),
-                list(delta.logprobs),
-                None if delta.top_logprobs is None else list(delta.top_logprobs),
-            )
-            return
+        top = None if delta.top_logprobs is None else []
+        held = self._pending.setdefault(index, TextDelta("", [], [], top))
         held.token_ids += delta.token_ids
         held.logprobs += delta.logprobs
         if held.top_logprobs is not None and delta.top_logprobs is not None:
