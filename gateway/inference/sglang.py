@@ -120,11 +120,31 @@ class SGLangEngine(RemoteEngine):
         return json_object_with_ids("input_ids", input_ids, json_codec.dumps(body))
 
     def _tokens(self, answer: dict[str, Any], seg: Segment) -> list[Tokens]:
+        """The tokens not yet seen in this segment. SGLang sends the whole output so far
+        in each stream event, unless it runs with `--incremental-streaming-output` (then
+        only what is new): `completion_tokens` tells which."""
         meta = answer["meta_info"]
-        ids, lps, alts = new_tokens(meta, len(seg.ids), seg.url)
-        seg.ids += ids
         if meta.get("finish_reason") is not None:
             seg.finish = meta["finish_reason"]
+        triples = meta.get("output_token_logprobs")
+        total = meta.get("completion_tokens")
+        if triples is None:
+            if total:
+                raise EngineError(
+                    f"the SGLang server at {seg.url} sent no output_token_logprobs (return_logprob)"
+                )
+            return []
+        start = len(seg.ids) if total is None or len(triples) == total else 0
+        ids = [int(t[1]) for t in triples[start:]]
+        lps = [float(t[0]) if t[0] is not None else 0.0 for t in triples[start:]]
+        alts: list[TopLogprobs] = []
+        if (tops := meta.get("output_top_logprobs")) is not None:
+            alts = [
+                [(int(t[1]), float(t[0])) for t in (pos or []) if t[0] is not None]
+                for pos in tops[start:]
+            ]
+            alts += [[] for _ in range(len(ids) - len(alts))]
+        seg.ids += ids
         return [(ids, lps, alts, as_int(meta.get("weight_version")))] if ids else []
 
     def _raise_if_refused(self, finish: dict[str, Any], url: str) -> None:
@@ -183,36 +203,3 @@ class SGLangEngine(RemoteEngine):
         if not (isinstance(answer, dict) and answer.get("success")):
             return f"{url}/update_weights_from_disk did not succeed: {answer}"
         return None
-
-
-def new_tokens(
-    meta: dict[str, Any], have: int, url: str
-) -> tuple[list[int], list[float], list[TopLogprobs]]:
-    """Token ids, logprobs and top logprobs not yet seen in this segment.
-
-    SGLang sends the whole output so far in each stream event, unless it runs with
-    `--incremental-streaming-output` (then only what is new): `completion_tokens`
-    tells which.
-    """
-    triples = meta.get("output_token_logprobs")
-    if triples is None:
-        if meta.get("completion_tokens"):
-            raise EngineError(
-                f"the SGLang server at {url} sent no output_token_logprobs (return_logprob)"
-            )
-        return [], [], []
-    total = meta.get("completion_tokens")
-    cumulative = total is None or len(triples) == total
-    start = have if cumulative else 0
-    new = triples[start:]
-    ids = [int(t[1]) for t in new]
-    lps = [float(t[0]) if t[0] is not None else 0.0 for t in new]
-    tops = meta.get("output_top_logprobs")
-    alts: list[TopLogprobs] = []
-    if tops is not None:
-        alts = [
-            [(int(t[1]), float(t[0])) for t in (pos or []) if t[0] is not None]
-            for pos in tops[start:]
-        ]
-        alts += [[] for _ in range(len(ids) - len(alts))]
-    return ids, lps, alts
