@@ -129,12 +129,7 @@ def json_object_with_ids(
     parts whose concatenation is the object: the HTTP client writes them to the socket
     as they are, so a 40k-token prompt's JSON is not copied into one body first."""
     head = b'{"%s":' % key.encode()
+    parts = ids.json_parts() if type(ids) is TokenIds else (orjson.dumps(list(ids))[:-1],)
     if len(rest) <= 2:  # {}
-        return (head, *_parts(ids), b"]}")
-    return (head, *_parts(ids), b"],", memoryview(rest)[1:])
-
-
-def _parts(ids: Sequence[int]) -> tuple[bytes, ...]:
-    if type(ids) is TokenIds:
-        return ids.json_parts()
-    return (orjson.dumps(list(ids))[:-1],)
+        return (head, *parts, b"]}")
+    return (head, *parts, b"],", memoryview(rest)[1:])

@@ -15,32 +15,20 @@ from gateway import json_codec
 from gateway.chat.template_traits import normalize_message
 
 
-def canonical(message: dict[str, Any]) -> tuple[str, str, list[Any], str | None]:
-    """What of a message counts for linking: role, text (an answer's stripped), tool
-    calls as (name, parsed arguments), and the id a tool result answers."""
+def framed(message: dict[str, Any]) -> bytes:
+    """What the conversation hash takes in for a message: its canonical form (role, text
+    with an answer's stripped, tool calls as (name, parsed arguments), the id a tool
+    result answers) as unambiguous bytes: length-prefixed fields, tool calls as
+    sorted-key JSON, the text as it is (no JSON escaping of a tool output's kilobytes)."""
     m = normalize_message(message)
     calls = [
-        (tc["function"]["name"], tc["function"]["arguments"])
-        for tc in m.get("tool_calls", []) or []
+        (tc["function"]["name"], tc["function"]["arguments"]) for tc in m.get("tool_calls", [])
     ]
-    content = m["content"]
-    return (
-        m["role"],
-        content.strip() if m["role"] == "assistant" else content,
-        calls,
-        m.get("tool_call_id"),
-    )
-
-
-def framed(message: dict[str, Any]) -> bytes:
-    """What the conversation hash takes in for a message: its canonical form as
-    unambiguous bytes, length-prefixed text fields and tool calls as sorted-key JSON.
-    The text goes in as it is (no JSON escaping of a tool output's kilobytes)."""
-    role, content, calls, call_id = canonical(message)
+    content = m["content"].strip() if m["role"] == "assistant" else m["content"]
     text = content.encode("utf-8", "surrogatepass")
     tail = json_codec.dumps_sorted(calls) if calls else b""
-    ident = (call_id or "").encode("utf-8", "surrogatepass")
-    head = f"{role}\x1f{len(text)}\x1f{len(tail)}\x1f{len(ident)}\x1f".encode()
+    ident = (m.get("tool_call_id") or "").encode("utf-8", "surrogatepass")
+    head = f"{m['role']}\x1f{len(text)}\x1f{len(tail)}\x1f{len(ident)}\x1f".encode()
     return b"".join((head, text, tail, ident))
 
 

@@ -1,11 +1,9 @@
 """What every output parser shares, and the two tables parsers are registered in.
 
 A tool-call parser turns model text into content and tool calls; a reasoning parser
-splits reasoning off the answer first. Both are fed text incrementally (as tokens
-become text, for streaming) and count the calls they could not parse instead of
-dropping them. The formats themselves live with their model family
-(gateway/chat/families/), registered here by name: `@TOOL_PARSERS.register("name")`,
-`@REASONING_PARSERS.register("name")`.
+splits reasoning off the answer first. Both are fed text as it is generated, and count
+the calls they could not parse instead of dropping them. The formats live with their
+model family (gateway/chat/families/), registered here by name.
 """
 
 from __future__ import annotations
@@ -119,13 +117,10 @@ def each_match(
 
 
 class BlockToolParser(ToolParser):
-    """Tool calls inside `open ... close` markers, the body parsed by `parse_block`.
-
-    Text that could be the start of the open marker is held back until it is known,
-    and a block's calls are only reported once its close marker (or the end of the
-    answer) is seen. A block that does not parse comes back as content, markers
-    included, and is counted in `failures`. Whitespace between calls is not content.
-    """
+    """Tool calls inside `open ... close` markers, the body parsed by `parse_block`, and
+    reported once the block closes (or the answer ends). A block that does not parse
+    comes back as content, markers included, and is counted; whitespace between calls
+    is not content."""
 
     open: str
     close: str
@@ -188,11 +183,8 @@ class BlockToolParser(ToolParser):
 
 class ReasoningParser(abc.ABC):
     """Feed text as it is generated; get `ReasoningEvent`s and `ContentEvent`s back.
-
-    `prompt_text` is the rendered prompt: a template may open the reasoning block
-    itself (DeepSeek-R1's ends the prompt with `<think>`), and then the output starts
-    inside it.
-    """
+    `prompt_text`, the rendered prompt, may have opened the reasoning block (DeepSeek-R1's
+    ends with `<think>`): then the output starts inside it."""
 
     def __init__(self, prompt_text: str = "") -> None:
         self.reasoning_parts: list[str] = []

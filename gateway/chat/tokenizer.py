@@ -40,12 +40,8 @@ def bytes_to_unicode() -> dict[int, str]:
     so that the gateway does not import transformers for it (tests compare the two)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
+    others = [b for b in range(256) if b not in printable]
+    table = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(others)}
     return dict(sorted(table.items()))
 
 

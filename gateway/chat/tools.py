@@ -61,16 +61,6 @@ def tools_system_prompt(
     return text
 
 
-def render_tool_calls(tool_calls: list[dict[str, Any]]) -> str:
-    """Assistant tool calls as the model was asked to write them."""
-    blocks = []
-    for tc in tool_calls:
-        fn = tc.get("function") or {}
-        call = {"name": fn.get("name"), "arguments": fn.get("arguments")}
-        blocks.append(f"{TOOL_OPEN}\n{json.dumps(call, ensure_ascii=False)}\n{TOOL_CLOSE}")
-    return "\n".join(blocks)
-
-
 def inline_tools(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -84,8 +74,11 @@ def inline_tools(
     shows calls but not the tools), so only the tools are added."""
     out = []
     for m in messages:
-        if inline_calls and m.get("tool_calls"):
-            calls = render_tool_calls(m["tool_calls"])
+        if inline_calls and m.get("tool_calls"):  # as the model was asked to write them
+            calls = "\n".join(
+                f"{TOOL_OPEN}\n{json.dumps(tc['function'], ensure_ascii=False)}\n{TOOL_CLOSE}"
+                for tc in m["tool_calls"]  # normalised: {"name", "arguments"}, in that order
+            )
             content = m["content"]
             m = {**m, "content": f"{content}\n{calls}" if content else calls}
         out.append(m)
@@ -109,7 +102,6 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> N
             f"tool_choice must be 'auto', 'none', 'required' or a function, got {tool_choice!r}.",
             code="invalid_tool_choice",
             param="tool_choice",
-            retryable=False,
         )
     if tool_choice in (None, "auto", "none"):
         return
@@ -119,7 +111,6 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> N
             "tool_choice needs `tools` to choose from.",
             code="tool_choice_without_tools",
             param="tool_choice",
-            retryable=False,
         )
     forced = forced_tool(tool_choice)
     if forced is not None and forced not in {tool_name(t) for t in tools}:
@@ -128,5 +119,4 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> N
             f"tool_choice names the function {forced!r}, which is not in `tools`.",
             code="unknown_tool",
             param="tool_choice",
-            retryable=False,
         )

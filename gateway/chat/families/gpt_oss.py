@@ -98,15 +98,10 @@ def harmony_encoding(tokenizer: Any) -> Any:
 
 
 class HarmonyTemplate:
-    """OpenAI chat messages (as template.py normalises them) -> a harmony prompt's text.
-
-    System (and developer) messages become the developer message's instructions, next
-    to the function tools; an assistant turn becomes its `analysis` message (from
-    `reasoning_content`), then its calls (`commentary`, `to=functions.NAME`) or its
-    `final` answer; a tool result is a message from `functions.NAME` (the name of the
-    call it answers). Harmony's own rule drops the analysis of turns that reached a
-    final answer.
-    """
+    """Normalised OpenAI chat messages -> a harmony prompt's text: system messages are
+    the developer message's instructions, next to the tools; an assistant turn is its
+    `analysis`, then its calls (`commentary`, `to=functions.NAME`) or `final` answer; a
+    tool result is a message from `functions.NAME` (the call it answers)."""
 
     # it renders tools and calls itself, reads arguments as objects and reasoning
     traits = TemplateTraits(True, True, False, False, True)
