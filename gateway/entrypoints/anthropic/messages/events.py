@@ -57,21 +57,15 @@ class BlockWriter:
         frames: list[bytes] = []
         if self._open is None or self._open["type"] != kind:
             frames += self.close()
-            self._open = (
-                {"type": "text", "text": ""}
-                if kind == "text"
-                else {"type": "thinking", "thinking": "", "signature": ""}
-            )
+            self._open = {"type": kind, kind: ""}  # text or thinking
+            if kind == "thinking":
+                self._open["signature"] = ""
             self._parts = []
             frames.append(
                 self._frame("content_block_start", index=len(self.blocks), content_block=self._open)
             )
         self._parts.append(text)
-        delta = (
-            {"type": "text_delta", "text": text}
-            if kind == "text"
-            else {"type": "thinking_delta", "thinking": text}
-        )
+        delta = {"type": f"{kind}_delta", kind: text}
         frames.append(self._frame("content_block_delta", index=len(self.blocks), delta=delta))
         return frames
 
