@@ -1,19 +1,9 @@
-"""New policy weights for this gateway's engine: from a folder, or pushed by the trainer.
-
-Admin key only. A trainer that did not start this gateway (or a gateway in another
-process) reaches its engine here:
-- `GET /admin/weights`: engine, policy version, the ranks its engine takes and the
-  device of each (the trainer picks the group's backend from them);
-- `POST /admin/weights` {version, path}: load a Hugging Face folder (the disk
-  fallback; the folder must be readable where the engine runs);
-- `POST /admin/weights/group` {group, first_rank}: join the trainer's group
-  (weight_broadcast.py); answers once every rank has joined;
-- `POST /admin/weights/push` {version, group_id, manifest}: receive one broadcast and
-  serve it; answers with the new version once the engine serves it;
-- `DELETE /admin/weights/group`: leave the group.
-The trainer side is trainer/backend/weight_push.py. Left out of /openapi.json: these
-routes connect to the addresses they are given and block on a broadcast, which is no
-request for a fuzzer or an agent's SDK.
+"""New policy weights for this gateway's engine: loaded from a folder, or pushed by a
+trainer that did not start this gateway (trainer/backend/weight_push.py) over the
+group it joins (weight_broadcast.py). Admin key only. `GET` tells the engine, policy
+version, and the device of each rank its engine takes (the trainer picks the group's
+backend from them). Left out of /openapi.json: these routes connect to the addresses
+they are given and block on a broadcast, which is no request for a fuzzer or an SDK.
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from gateway.errors import APIError
 from gateway.inference.base import EngineError, WeightUpdate
@@ -36,20 +26,17 @@ if TYPE_CHECKING:  # torch is imported by the first push, not with the app: a ga
 router = APIRouter(prefix="/admin/weights", tags=["weights"], include_in_schema=False)
 
 
-class LoadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LoadRequest(BaseModel, extra="forbid"):
     version: int = Field(ge=0)
     path: str = Field(min_length=1)
 
 
-class GroupRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class GroupRequest(BaseModel, extra="forbid"):
     group: dict[str, Any]
     first_rank: int = Field(ge=1)
 
 
-class PushRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PushRequest(BaseModel, extra="forbid"):
     version: int = Field(ge=0)
     group_id: str
     manifest: dict[str, Any]
