@@ -32,9 +32,7 @@ class Usage:
         """The session's `quotas` field: each limit (None: none) and the usage so far."""
         limits = quotas or {}
         return {
-            "max_requests": limits.get("max_requests"),
-            "max_generated_tokens": limits.get("max_generated_tokens"),
-            "max_concurrent_requests": limits.get("max_concurrent_requests"),
+            **{name: limits.get(name) for name in QUOTAS},
             "requests": self.requests,
             "generated_tokens": self.generated_tokens,
             "concurrent_requests": self.concurrent_requests,
@@ -142,10 +140,11 @@ class Admitted:
 
 
 _WHAT = {
-    "max_concurrent_requests": "requests generating at once",
     "max_requests": "requests",
     "max_generated_tokens": "generated tokens",
+    "max_concurrent_requests": "requests generating at once",
 }
+QUOTAS = tuple(_WHAT)  # the limits a session may have (SessionQuotas)
 
 
 def _check(limits: dict[str, int], name: str, wanted: int, *, retry: bool) -> None:

@@ -10,12 +10,11 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from gateway import json_codec
 from gateway.chat.events import ContentEvent, Event, ReasoningEvent
 from gateway.entrypoints.openai.protocol import ChoicesRequest
 from gateway.inference.base import TopLogprobs
 from gateway.serving.turn import Answer, TextDelta
-from gateway.sse import SSE_DONE
+from gateway.sse import SSE_DONE, sse_event
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # what the OpenAPI document says a message is (checked by the validator below and by
@@ -169,19 +168,9 @@ class ChunkWriter:
         return self._frame(index, {}, finish_reason)
 
     def closing(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
-        frames = []
-        if self.include_usage:
-            chunk = {
-                "id": self.id,
-                "choices": [],
-                "created": self.created,
-                "model": self.req.model,
-                "object": "chat.completion.chunk",
-                "usage": usage(prompt_tokens, completion_tokens),
-            }
-            frames.append(sse_data(chunk))
-        frames.append(SSE_DONE)
-        return frames
+        if not self.include_usage:
+            return [SSE_DONE]
+        return [self._chunk([], usage(prompt_tokens, completion_tokens)), SSE_DONE]
 
     def _hold(self, index: int, delta: TextDelta) -> None:
         top = None if delta.top_logprobs is None else []
@@ -204,21 +193,21 @@ class ChunkWriter:
             if held is not None:
                 content = self.shapes.logprobs(held.token_ids, held.logprobs, held.top_logprobs)
                 choice["logprobs"] = {"content": content}
+        return self._chunk([choice], None)
+
+    def _chunk(self, choices: list[dict[str, Any]], tokens: dict[str, int] | None) -> bytes:
+        """A `chat.completion.chunk`; with `include_usage`, each carries a `usage` (null but
+        on the last)."""
         chunk: dict[str, Any] = {
             "id": self.id,
-            "choices": [choice],
+            "choices": choices,
             "created": self.created,
             "model": self.req.model,
             "object": "chat.completion.chunk",
         }
         if self.include_usage:
-            chunk["usage"] = None
-        return sse_data(chunk)
-
-
-def sse_data(data: dict[str, Any]) -> bytes:
-    """One SSE `data:` frame of compact JSON."""
-    return b"data: " + json_codec.dumps(data) + b"\n\n"
+            chunk["usage"] = tokens
+        return sse_event(chunk)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

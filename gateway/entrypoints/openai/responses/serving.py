@@ -93,13 +93,8 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         turn = self.turn(req, session, prompt, [new_response_id()], sampling)
         if req.previous_response_id is not None:
             turn.request["resolved_input"] = items  # what a later previous_response_id continues
-        params = turn.params
-        shape = ResponseContext(req, turn.ids[0], params.temperature, params.top_p)
-        context = {
-            "tools": tools,
-            "shape": shape,
-            "writer": EventWriter(emit=req.stream),
-        }
+        shape = ResponseContext(req, turn.ids[0], turn.params.temperature, turn.params.top_p)
+        context = {"tools": tools, "shape": shape, "writer": EventWriter(emit=req.stream)}
         return Prepared(req, [turn], stream=req.stream, context=context)
 
     async def _previous_items(self, session_id: str, response_id: str) -> list[dict[str, Any]]:
