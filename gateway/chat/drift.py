@@ -48,9 +48,8 @@ def drift(
     thoughts = [t for block in reasoning_blocks() for t in block.findall(old_text)]
     if any(t.strip() and t not in new_text for t in thoughts):
         cause = "reasoning_dropped"
-    else:
-        if _WS.sub("", new_text).startswith(_WS.sub("", old_text)):
-            cause = "whitespace"
-        elif has_tool_calls and at >= len(parent_prompt):
-            cause = "tool_arguments"
+    elif _WS.sub("", new_text).startswith(_WS.sub("", old_text)):
+        cause = "whitespace"
+    elif has_tool_calls and at >= len(parent_prompt):
+        cause = "tool_arguments"
     return {"at": at, "cause": cause}

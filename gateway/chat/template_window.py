@@ -61,15 +61,14 @@ class _Check:
         if why is not None:
             return why
         for child in node.iter_child_nodes():
+            # in a loop's body (not its iterable or target), `loop` is that loop's
+            body = (
+                isinstance(node, nodes.For) and child is not node.iter and child is not node.target
+            )
             if node is self.loop:
-                inside = child is not self.loop.iter and child is not self.loop.target
-                why = self.visit(child, node, in_loop=inside, nested=False)
-            elif isinstance(node, nodes.For):
-                # another loop: its body's `loop` is its own; its iterable is read outside
-                inner = child is not node.iter and child is not node.target
-                why = self.visit(child, node, in_loop=in_loop, nested=nested or inner)
+                why = self.visit(child, node, in_loop=body, nested=False)
             else:
-                why = self.visit(child, node, in_loop=in_loop, nested=nested)
+                why = self.visit(child, node, in_loop=in_loop, nested=nested or body)
             if why is not None:
                 return why
         return None

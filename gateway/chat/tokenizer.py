@@ -58,9 +58,8 @@ def _chat_template(folder: Path, config: dict[str, Any]) -> str | dict[str, str]
     templates: dict[str, str] = {}
     if (folder / "chat_template.jinja").is_file():
         templates["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    if (folder / CHAT_TEMPLATE_DIR).is_dir():
-        for path in sorted((folder / CHAT_TEMPLATE_DIR).glob("*.jinja")):
-            templates[path.stem] = path.read_text(encoding="utf-8")
+    for path in sorted((folder / CHAT_TEMPLATE_DIR).glob("*.jinja")):
+        templates[path.stem] = path.read_text(encoding="utf-8")
     if list(templates) == ["default"]:
         return templates["default"]
     if templates:

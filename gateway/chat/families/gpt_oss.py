@@ -241,11 +241,16 @@ class HarmonyReasoningParser(ReasoningParser):
         events: list[Event] = []
         while self._buf:
             if self._state == _HEADER:
-                at = self._buf.find(MESSAGE)
-                if at < 0:
+                header, found, rest = self._buf.partition(MESSAGE)
+                if not found:
                     break  # a header is short: wait for all of it
-                self._open(self._buf[:at])
-                self._buf = self._buf[at + len(MESSAGE) :]
+                channel = _CHANNEL.search(header)
+                analysis = channel is not None and channel.group(1) == "analysis"
+                kind = (
+                    "call" if _RECIPIENT.search(header) else "reasoning" if analysis else "content"
+                )
+                self._header, self._kind, self._call_body = header, kind, ""
+                self._buf, self._state = rest, _BODY
             elif self._state == _BODY:
                 body, marker, self._buf = scan(self._buf, _ENDS)
                 events += self._body(body)
@@ -269,17 +274,6 @@ class HarmonyReasoningParser(ReasoningParser):
         if self._state == _HEADER and text:  # not a message after all
             return self._say((START if self._after_start else "") + text)
         return self._say(text)
-
-    def _open(self, header: str) -> None:
-        self._header = header
-        self._state = _BODY
-        channel = _CHANNEL.search(header)
-        if _RECIPIENT.search(header):
-            self._kind, self._call_body = "call", ""
-        elif channel is not None and channel.group(1) == "analysis":
-            self._kind = "reasoning"
-        else:
-            self._kind = "content"
 
     def _body(self, text: str) -> list[Event]:
         if self._kind == "call":
