@@ -8,11 +8,12 @@ same exact prompt ids, output ids, logprobs and per-token policy versions.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gateway.store.codec import pack_floats, pack_ints
 from gateway.store.delta import Full, ListsJson, delta_columns
+from gateway.store.schema import CompletionRow
 
 
 @dataclass(slots=True)
@@ -47,13 +48,7 @@ class CompletionRecord:
         and prompt ids as a delta on the parent's where the turn continues it."""
         n = len(self.output_ids)
         return {
-            "id": self.id,
-            "session_id": self.session_id,
-            "parent_id": self.parent_id,
-            "created_at": self.created_at,
-            "endpoint": self.endpoint,
-            "model": self.model,
-            "response": self.response,
+            **{name: getattr(self, name) for name in _COLUMNS},
             **delta_columns(
                 self.parent,
                 self.request,
@@ -64,16 +59,15 @@ class CompletionRecord:
             "output_ids": pack_ints(self.output_ids),
             "output_logprobs": pack_floats(self.output_logprobs[:n]),
             "output_versions": pack_ints(self.output_versions[:n]),
-            "finish_reason": self.finish_reason,
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": n,
-            "prefix_hash": self.prefix_hash,
-            "tokens_continue_parent": self.tokens_continue_parent,
-            "queue_s": self.queue_s,
-            "gen_s": self.gen_s,
-            "total_s": self.total_s,
-            "request_hash": self.request_hash,
-            "choice_index": self.choice_index,
-            "side_request": self.side_request,
-            "diagnostics": self.diagnostics,
         }
+
+
+# fields stored as they are: the columns, less those packed or stored as a delta
+_BUILT = {"request", "prompt_ids", "output_ids", "output_logprobs", "output_versions"}
+_COLUMNS = [
+    f.name
+    for f in fields(CompletionRecord)
+    if f.name in CompletionRow.__table__.c and f.name not in _BUILT
+]

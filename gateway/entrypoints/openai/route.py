@@ -4,8 +4,7 @@ the request to its endpoint's serving handler (`ServingEndpoint.handle_request`)
 Written as one plain handler rather than FastAPI parameters and dependencies: this runs
 for every turn of every agent, and resolving three dependencies plus FastAPI's
 json-then-validate body parsing cost more than the steps themselves. It is marked
-`hot`: a middleware answers it before FastAPI's router (gateway/entrypoints/hot_routes.py),
-so FastAPI's routing is not in its way. The body is
+`hot`: a middleware answers it before FastAPI's router (hot_routes.py). The body is
 validated from its bytes once (pydantic's `model_validate_json`; where it extends the
 session's previous body, only its new part: incremental_body.py), the bytes hashed for
 retry detection, and errors keep the shapes FastAPI's own path gives (an unknown key is
@@ -57,12 +56,6 @@ def openai_route(
     `history`: the field (a list) a session's next body repeats and extends, parsed
     only where new (incremental_body.py)."""
     router = APIRouter(prefix="/v1", tags=[doc.tag])
-    body_schema = {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": request_model.model_json_schema()}},
-        }
-    }
     replies = {
         200: {
             "model": doc.reply_model,
@@ -76,7 +69,7 @@ def openai_route(
         path,
         response_model=None,
         name=serving_cls.__name__,
-        openapi_extra=body_schema,
+        openapi_extra=body_schema(request_model),
         responses=replies,
     )
     @hot
@@ -97,6 +90,12 @@ def openai_route(
         return Response(json_codec.dumps(reply), media_type="application/json")
 
     return router
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The `openapi_extra` of a route that parses its body by hand (`parse_body`)."""
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def parse_body(model: type[BaseModel], raw: bytes) -> Any:

@@ -16,7 +16,7 @@ from gateway.entrypoints.anthropic.errors import (
 )
 from gateway.entrypoints.anthropic.messages.protocol import CountTokensRequest, MessagesRequest
 from gateway.entrypoints.anthropic.messages.serving import MessagesServing
-from gateway.entrypoints.openai.route import RouteDoc, openai_route, parse_body
+from gateway.entrypoints.openai.route import RouteDoc, body_schema, openai_route, parse_body
 from gateway.entrypoints.tool_names import check_tool_names
 from gateway.errors import register_error_shape
 
@@ -40,12 +40,7 @@ router = openai_route(
 @router.post(
     "/messages/count_tokens",
     response_model=None,
-    openapi_extra={  # the body is parsed by hand (parse_body), so declared here
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": CountTokensRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=body_schema(CountTokensRequest),
     responses={
         200: {"model": CountTokens, "description": "The prompt's length in tokens."},
         **errors(400, 401, 410, 504, OVERLOADED, path=PREFIX),
