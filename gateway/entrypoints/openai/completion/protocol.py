@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import accumulate
 from typing import Any
 
 from openai.types import Completion, CompletionChoice
@@ -55,10 +56,7 @@ class CompletionShapes:
         if req.logprobs is None:
             return None
         tokens = [self.tokenizer.decode([t]) for t in ids]
-        offsets, pos = [], 0
-        for piece in tokens:
-            offsets.append(pos)
-            pos += len(piece)
+        offsets = list(accumulate(map(len, tokens), initial=0))[:-1]  # where each starts
         top_lp = None
         if req.logprobs and top is not None:
             top_lp = [{self.tokenizer.decode([tid]): lp for tid, lp in alts} for alts in top]
@@ -84,14 +82,7 @@ class CompletionShapes:
         prompt_tokens: int,
         completion_tokens: int,
     ) -> dict[str, Any]:
-        return Completion.model_construct(
-            id=cid,
-            object="text_completion",
-            created=int(time.time()),
-            model=req.model,
-            choices=choices,
-            usage=usage(prompt_tokens, completion_tokens),
-        ).model_dump(mode="json", exclude_unset=True)
+        return _body(req, cid, choices=choices, usage=usage(prompt_tokens, completion_tokens))
 
     def chunk(
         self,
@@ -113,10 +104,15 @@ class CompletionShapes:
         return self._event(req, cid, choices=[], usage=usage(prompt_tokens, completion_tokens))
 
     def _event(self, req: CompletionRequest, cid: str, **fields: Any) -> bytes:
-        data = Completion.model_construct(
-            id=cid, object="text_completion", created=int(time.time()), model=req.model, **fields
-        )
-        return sse_event(data.model_dump(mode="json", exclude_unset=True))
+        return sse_event(_body(req, cid, **fields))
+
+
+def _body(req: CompletionRequest, cid: str, **fields: Any) -> dict[str, Any]:
+    """A `Completion` (whole, or one chunk of a stream) as JSON data."""
+    body = Completion.model_construct(
+        id=cid, object="text_completion", created=int(time.time()), model=req.model, **fields
+    )
+    return body.model_dump(mode="json", exclude_unset=True)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
