@@ -56,12 +56,6 @@ Loader = Callable[[str, int, bool], Awaitable[str | None]]
 class ServerUnreachable(EngineError):
     """No connection could be made: the request never reached the server."""
 
-    def __init__(self, label: str, url: str, exc: BaseException) -> None:
-        super().__init__(
-            f"cannot reach the {label} server at {url}: {str(exc) or type(exc).__name__}"
-        )
-        self.url = url
-
 
 @dataclass(slots=True)
 class Segment:
@@ -111,13 +105,10 @@ def normalize_url(url: str) -> str:
 
 
 def as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
+    """An int, or a string of one (servers write weight versions as either); else None."""
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         return int(value)
-    return None
+    return value if type(value) is int else None
 
 
 def error_message(raw: bytes | str) -> str:
@@ -496,7 +487,10 @@ class RemoteEngine(InferenceEngine):
                     for tokens in self._tokens(self.parse_answer(payload, url), seg):
                         yield tokens
         except ConnectFailed as exc:
-            raise ServerUnreachable(self.label, url, exc) from exc
+            reason = str(exc) or type(exc).__name__
+            raise ServerUnreachable(
+                f"cannot reach the {self.label} server at {url}: {reason}"
+            ) from exc
         except TimedOut as exc:
             raise EngineError(
                 f"the {self.label} server at {url} did not answer within "
@@ -587,12 +581,8 @@ class RemoteEngine(InferenceEngine):
         loop = self._loop
         if loop is None or self._client is None:
             raise EngineError(f"the {self.name} engine is not started")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
         coro = self._update(load, version, what)
-        if running is loop:
+        if asyncio.get_running_loop() is loop:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
@@ -604,15 +594,10 @@ class RemoteEngine(InferenceEngine):
             self._gate.clear()
             self._updates_started += 1
             paused: list[str] = []
-            failures: list[str] = []
             try:
-                for url, outcome in zip(
-                    targets, await asyncio.gather(*(self._pause(u) for u in targets)), strict=True
-                ):
-                    if outcome is True:
-                        paused.append(url)
-                    elif isinstance(outcome, str):
-                        failures.append(outcome)
+                outcomes = await asyncio.gather(*(self._pause(u) for u in targets))
+                paused = [u for u, o in zip(targets, outcomes, strict=True) if o is True]
+                failures = [o for o in outcomes if isinstance(o, str)]
                 if not failures:
                     results = await asyncio.gather(
                         *(load(u, new, u not in paused) for u in targets)

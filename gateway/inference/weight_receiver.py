@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-import torch
-
 from gateway.inference.base import EngineError, InferenceEngine, WeightUpdate
 from gateway.inference.vllm import VLLMEngine
 from gateway.inference.weight_broadcast import (
@@ -63,12 +61,8 @@ class EmbeddedReceiver:
         self.group_id = spec.group_id
 
     async def receive(self, version: int, manifest: Manifest) -> int:
-        group = self._group
-
-        def take() -> dict[str, torch.Tensor]:
-            return dict(receive(group, manifest, self.engine.device))
-
-        state_dict = await asyncio.to_thread(take)
+        tensors = receive(self._group, manifest, self.engine.device)
+        state_dict = await asyncio.to_thread(dict, tensors)  # the broadcast runs there
         return await self.engine.update_weights(WeightUpdate(version, state_dict=state_dict))
 
     async def leave(self) -> None:
