@@ -39,17 +39,11 @@ class TokenIds(Sequence[int]):
         copied (short: an answer, new messages' ids). `head`'s JSON is kept for ours."""
         out = cls.__new__(cls)
         parts = tuple(list(p) for p in rest if len(p))
-        if type(head) is TokenIds:
-            out._chunks = head._chunks + parts
-            out._len = head._len + sum(map(len, parts))
-            out._parts, out._json_len = head._parts, head._json_len  # see `json_parts`
-        else:
-            out._chunks = (list(head), *parts)
-            out._len = sum(map(len, out._chunks))
-            out._parts, out._json_len = (), 0
-        out._flat = out._chunks[0] if len(out._chunks) == 1 else None
-        if not parts and type(head) is TokenIds:
-            out._flat = head._flat
+        base = head if type(head) is TokenIds else cls(head)
+        out._chunks = base._chunks + parts
+        out._len = base._len + sum(map(len, parts))
+        out._parts, out._json_len = base._parts, base._json_len  # see `json_parts`
+        out._flat = None if parts else base._flat
         return out
 
     def __len__(self) -> int:

@@ -29,16 +29,7 @@ log = logging.getLogger(__name__)
 # GPT-2's pattern, which a ByteLevel pre-tokenizer with `use_regex` applies
 _GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # Unicode classes as their ASCII members (the empty ones have none)
-_ASCII_CLASSES = {
-    "L": "A-Za-z",
-    "Lu": "A-Z",
-    "Ll": "a-z",
-    "Lt": "",
-    "Lm": "",
-    "Lo": "",
-    "M": "",
-    "N": "0-9",
-}
+_ASCII_CLASSES = dict(L="A-Za-z", Lu="A-Z", Ll="a-z", Lt="", Lm="", Lo="", M="", N="0-9")
 _PROBE = (
     "".join(map(chr, range(128)))
     + " It's they're we've I'm you'll he'd IT'S DON'T 's 't x's 12345 007 3.14 1,000,000"

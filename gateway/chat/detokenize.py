@@ -131,8 +131,6 @@ class IncrementalDecoder:
             end = self.cut
         elif not final and self.stops:
             end -= partial_suffix_len(self.text, self.stops)
-        if end <= self._sent:
-            return ""
         out = self.text[self._sent : end]
-        self._sent = end
+        self._sent = max(self._sent, end)
         return out

@@ -37,9 +37,11 @@ class HeadCache:
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text`, as one encode of it would give."""
-        cut = self._head_end(text)
-        if cut is None:
+        long = self._special is not None and len(text) > self.min_chars
+        m = self._special.search(text, self.min_chars) if long else None
+        if m is None or m.end() >= len(text):
             return self._encode(text)
+        cut = m.end()
         key = hashlib.blake2b(text[:cut].encode("utf-8", "surrogatepass"), digest_size=16).digest()
         ids = self._ids.get(key)
         if ids is not None:
@@ -58,9 +60,3 @@ class HeadCache:
                 self.refused += 1
                 self._seen.put(key, False)
         return whole
-
-    def _head_end(self, text: str) -> int | None:
-        if self._special is None or len(text) <= self.min_chars:
-            return None
-        m = self._special.search(text, self.min_chars)
-        return m.end() if m is not None and m.end() < len(text) else None

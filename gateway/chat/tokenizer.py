@@ -70,6 +70,10 @@ def _chat_template(folder: Path, config: dict[str, Any]) -> str | dict[str, str]
     return template
 
 
+def _json_file(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def _special_id(name: str) -> Any:
     """A property: the id of the named special token (None when there is none)."""
     return property(lambda self: self._id_of(name))
@@ -83,14 +87,11 @@ class ModelTokenizer:
         self.folder = Path(folder)
         self.name_or_path = str(folder)
         self.backend_tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
-        config_file = self.folder / "tokenizer_config.json"
-        config = (
-            json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        )
-        legacy = self.folder / "special_tokens_map.json"  # merged into the config, as there
-        if legacy.is_file():
-            for key, value in json.loads(legacy.read_text(encoding="utf-8")).items():
-                config.setdefault(key, value)
+        # special_tokens_map.json merged into the config, as transformers does
+        config = {
+            **_json_file(self.folder / "special_tokens_map.json"),
+            **_json_file(self.folder / "tokenizer_config.json"),
+        }
         self.special_tokens_map: dict[str, str] = {
             name: text for name in SPECIAL_NAMES if (text := _content(config.get(name))) is not None
         }

@@ -32,9 +32,8 @@ class OwnTemplate(Protocol):
     def render(self, messages: list[Message], tools: list[Message] | None) -> str: ...
 
     def standalone(self, messages: list[Message]) -> list[Message]:
-        """The messages made to render the same when an earlier assistant message is
-        replaced (token-exact history renders the text after an answer that way)."""
-        ...
+        """The messages made to render the same with an earlier answer replaced (as
+        token-exact history renders the text after an answer)."""
 
 
 @dataclass(frozen=True, slots=True)
