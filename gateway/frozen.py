@@ -1,10 +1,8 @@
 """JSON values that cannot be changed: what the gateway's memos keep and share.
 
-A session's next body holds its previous one's very message objects, and the memos
-built on them (lru.HistoryMemo) hand the same objects out turn after turn. That is only
-safe if nobody changes them, so they are frozen: a `FrozenDict` / `FrozenList` is a
-`dict` / `list` (to encoders, templates, `isinstance`) whose mutating methods raise.
-Code that needs a changed message copies it (`dict(m)`, `{**m, ...}`, `list(x)`).
+The memos (lru.HistoryMemo) hand a session's same message objects out turn after turn,
+which is only safe if nobody changes them: a `FrozenDict` / `FrozenList` is a `dict` /
+`list` whose mutating methods raise. Code that needs a change copies (`{**m, ...}`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ def _refuse(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
 
 
 class FrozenDict(dict):  # type: ignore[type-arg]
-    """A dict whose contents cannot change (see the module docstring)."""
+    """A dict whose contents cannot change."""
 
     __slots__ = ()
     __setitem__ = __delitem__ = __ior__ = _refuse
@@ -28,8 +26,8 @@ class FrozenDict(dict):  # type: ignore[type-arg]
 
 
 class FrozenList(list):  # type: ignore[type-arg]
-    """A list whose contents cannot change (see the module docstring). Made by `freeze`
-    or `concat` only, so that every item is frozen too."""
+    """A list whose contents cannot change, made by `freeze` or `concat` only (so every
+    item is frozen too)."""
 
     __slots__ = ()
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
@@ -52,9 +50,8 @@ _KEEP = frozenset({str, int, float, bool, bytes, type(None), FrozenDict, FrozenL
 
 
 def freeze(value: Any) -> Any:
-    """`value` (JSON: dicts, lists, tuples, scalars) with every dict and list frozen;
-    what is frozen already is returned as it is, so re-freezing a history costs only
-    its new parts. Anything else is a TypeError: a memo keeps JSON values only."""
+    """`value` (JSON) with every dict and list frozen; what is frozen is kept as it is, so
+    re-freezing a history costs only its new parts. Not JSON: a TypeError."""
     kind = type(value)
     if kind in _KEEP:
         return value

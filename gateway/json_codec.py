@@ -1,9 +1,6 @@
-"""The gateway's one JSON codec: orjson, to and from bytes.
-
-Replies, stream frames, engine requests and stored records are all encoded here: orjson
-is several times faster than the standard library on the gateway's shapes
-(docs/benchmarks.md). A NaN or infinite float is written as `null`, which every JSON
-reader accepts.
+"""The gateway's one JSON codec: orjson, several times faster than the standard library
+on the gateway's shapes (replies, frames, engine requests, records: docs/benchmarks.md).
+A NaN or infinite float is written as `null`, which every JSON reader accepts.
 """
 
 from __future__ import annotations
@@ -25,9 +22,8 @@ def dumps(data: Any) -> bytes:
 
 
 def right_sized(data: bytes) -> bytes:
-    """A copy of `dumps`'s bytes as long as the JSON, for bytes a cache keeps. orjson
-    (3.13 here) hands back its whole write buffer, however short the JSON: 4 kB at least,
-    ~65 kB for a 5 kB string; 16 MB over the parents of a full default parent cache."""
+    """A copy of `dumps`'s bytes for a cache to keep: orjson 3.13 hands back its whole
+    write buffer (4 kB at least; 16 MB over a full default parent cache)."""
     return bytes(memoryview(data))
 
 

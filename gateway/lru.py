@@ -1,10 +1,9 @@
 """A size-bounded, least-recently-used map for every cache that grows with traffic (but
 the ASCII encoder's pre-tokens, looked up hundreds of times a request).
 
-Bounded by entries and, where entries differ in size, by their total weight: whichever
-bound is hit first evicts. `group` names the session a key belongs to, and an ended
-session's entries go at once (`drop_group`), so the caches hold only the live sessions'
-state (docs/benchmarks.md, rss).
+Bounded by entries and, where entries differ in size, by total weight. `group` names a
+key's session, whose entries go at once when it ends (`drop_group`): the caches hold
+only live sessions' state (docs/benchmarks.md, rss).
 """
 
 from __future__ import annotations
@@ -87,14 +86,11 @@ class LRU(Generic[K, V]):
 
 
 class HistoryMemo(Generic[V]):
-    """What was computed from a history (a list of message objects), kept so that its
-    next, longer version (an agent's next body holds the very same message objects)
-    computes only its new part.
-
-    Keyed by the first message's id, holding the messages as a tuple (their ids cannot
-    be reused while the entry lives; a list changed in place is not mistaken for it).
-    Only a history of frozen messages is kept, and the value is frozen too: that the
-    same objects mean the same messages is enforced, not promised."""
+    """What was computed from a history, kept so that its next, longer version (an
+    agent's next body holds the same message objects) computes only its new part. Keyed
+    by the first message's id, holding the messages as a tuple (their ids stay theirs).
+    Only a frozen history is kept, its value frozen too: that the same objects mean the
+    same messages is enforced, not promised."""
 
     def __init__(self, histories: int) -> None:
         self.histories: LRU[int, tuple[tuple[Any, ...], V]] = LRU(max(1, histories))

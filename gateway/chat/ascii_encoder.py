@@ -1,17 +1,16 @@
 """ASCII text to token ids a pre-token at a time, from a cache of the tokenizer's own ids.
 
 Encoding a turn's new text is the gateway's largest cost per request: the Rust
-tokenizer's megabytes of tables are evicted from the CPU caches between turns, so an
-encode costs 2-3x what it does in a loop. Agents' text is mostly ASCII and repeats its
-words. For ASCII this does what the tokenizer does, in its order: split off added
-tokens, split the rest with the tokenizer's own pattern, and map each piece with its own
-BPE model (`model.tokenize`), kept per piece (BPE sees one piece at a time, so the ids
-are those of one encode of the whole).
+tokenizer's tables are evicted from the CPU caches between turns (an encode costs 2-3x
+what it does in a loop), and agents' text is mostly ASCII that repeats its words. For
+ASCII this does what the tokenizer does: split off added tokens, split the rest with
+its own pattern, map each piece with its own BPE model, kept per piece (BPE sees one
+piece at a time, so the ids are those of one encode of the whole).
 
 Only for pipelines it states exactly on ASCII (no normaliser but NFC, one byte-level
-split pattern whose classes have ASCII equivalents, added tokens matched as written);
-other tokenizers and text go to Rust. A start-up probe must agree with the tokenizer,
-and tests/test_ascii_encoder.py checks random text for every tokenizer we ship or test.
+split pattern with ASCII classes, added tokens matched as written); the rest goes to
+Rust. A start-up probe must agree with the tokenizer, and tests/test_ascii_encoder.py
+checks random text for every tokenizer we ship or test.
 """
 
 from __future__ import annotations
@@ -113,10 +112,9 @@ def _state(component: Any) -> dict[str, Any] | None:
 
 
 class _Words(dict[str, list[int]]):
-    """Two generations of piece -> ids: a piece found in the older one moves to the
-    newer; when the newer fills, it becomes the older and the oldest is dropped. Near-LRU
-    at a plain dict lookup per hit (an LRU's bookkeeping per piece would cost as much as
-    the cache saves)."""
+    """Two generations of piece -> ids (a hit in the older moves to the newer, a full
+    newer becomes the older): near-LRU at a dict lookup a hit, where an LRU's upkeep
+    would cost what the cache saves."""
 
     def __init__(self, bound: int, compute: Callable[[str], list[int]]) -> None:
         super().__init__()

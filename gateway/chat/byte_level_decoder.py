@@ -1,12 +1,10 @@
 """Ids -> text for byte-level BPE tokenizers, from a table of each token's bytes.
 
-Every answer is decoded twice (the reply, and its next turn's text prefix). The Rust
-decode costs ~2 us for 32 ids in a loop but 25-35 us in place, its tables evicted by
-each request's other work (docs/benchmarks.md). A byte-level token is a byte per
-character (GPT-2's map), an added token its UTF-8; joined and read as UTF-8, invalid
-bytes replaced; unknown ids decode to nothing. A start-up probe must match the
-tokenizer's own decode, and tests/test_byte_level_decoder.py compares them for every
-tokenizer we ship or test.
+Every answer is decoded twice (the reply, and its next turn's text prefix), and the Rust
+decode costs 25-35 us in place for 32 ids (2 us in a loop), its tables evicted by each
+request's other work (docs/benchmarks.md). A byte-level token is a byte per character
+(GPT-2's map), an added token its UTF-8. A start-up probe must match the tokenizer's own
+decode; tests/test_byte_level_decoder.py compares them for every tokenizer we test.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ _CHAR_BYTE = {c: b for b, c in bytes_to_unicode().items()}
 
 
 class ByteLevelDecoder:
-    """`decoder(ids)`: the text the backend tokenizer's `decode(ids,
-    skip_special_tokens=False)` gives. Its table fills per id as ids are seen (at
-    most the vocabulary)."""
+    """`decoder(ids)`: the backend's `decode(ids, skip_special_tokens=False)`, from a table
+    filled per id as ids are seen."""
 
     def __init__(self, backend: Any) -> None:
         self._token = backend.id_to_token

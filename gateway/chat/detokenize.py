@@ -15,10 +15,9 @@ from gateway.chat.byte_level_decoder import byte_level_decoder
 
 
 def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    """Ids -> text, special tokens kept. Where the Rust tokenizer's own `decode` gives
-    transformers' text (a tokenizer that does not clean up spaces): a byte-level table
-    (gateway/chat/byte_level_decoder.py) where the tokenizer is byte-level, else the Rust
-    `decode`, at about a third of transformers' CPU per call; transformers' otherwise."""
+    """Ids -> text, special tokens kept: where the Rust decode gives transformers' text
+    (no space clean-up), a byte-level table if it applies, else the Rust decode (a third
+    of transformers' CPU a call); else transformers'."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return byte_level_decoder(backend) or partial(backend.decode, skip_special_tokens=False)
@@ -42,8 +41,7 @@ class IncrementalDecoder:
         stop_token_ids: Collection[int],
         stop_strings: Sequence[str] = (),
     ) -> None:
-        """`decode`: ids -> text, special tokens kept (`text_decoder(tokenizer)`, or the
-        renderer's `decode`, made once)."""
+        """`decode`: ids -> text, special tokens kept (`text_decoder`'s)."""
         self._decode_ids = decode
         self._special = frozenset(stop_token_ids)
         self.stops = [s for s in stop_strings if s]

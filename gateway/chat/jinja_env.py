@@ -1,16 +1,15 @@
 """Chat templates compiled as transformers compiles them, on jinja2's public API only.
 
 transformers renders a chat template in an `ImmutableSandboxedEnvironment` with
-`trim_blocks`, `lstrip_blocks`, `loopcontrols`, a `{% generation %}` tag, a plain-JSON
+`trim_blocks`, `lstrip_blocks`, `loopcontrols`, `{% generation %}`, a plain-JSON
 `tojson`, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`
-(refusing underscore names). Built here, so the gateway neither uses transformers'
-private compile function nor imports transformers. tests/test_jinja_env.py holds every
-family's render and each piece of this to transformers' own.
+(refusing underscore names). Built here, so that the gateway neither uses transformers'
+private compile function nor imports it; tests/test_jinja_env.py holds each piece, and
+every family's render, to transformers' own.
 
-Speed: the sandbox judges each attribute access with a chain of isinstance checks,
-about half of rendering a long history. Its verdict depends only on (type, name), so it
-is kept per pair in the documented `is_safe_attribute` hook, and a pair judged safe is
-read directly in `getattr` (never `format`/`format_map`, which the sandbox wraps).
+Speed: the sandbox's verdict on an attribute (half of rendering a long history) depends
+only on (type, name), so it is kept per pair in the `is_safe_attribute` hook, and a pair
+judged safe is read directly in `getattr` (never `format`/`format_map`).
 """
 
 from __future__ import annotations

@@ -34,10 +34,8 @@ def framed(message: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Resume:
-    """What an answered turn keeps so that its child's hash starts from it: the
-    messages and tools it was asked with, its answer (framed), and the hash state after
-    that answer. A 64-turn session's child then frames and hashes only its new
-    messages, not its whole history again (~0.4 ms a turn at 140 kB)."""
+    """What an answered turn keeps so that its child hashes only its new messages, not
+    its whole history again (~0.4 ms a turn at 140 kB): the hash state after its answer."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
@@ -47,18 +45,16 @@ class Resume:
 
     def continued_by(self, messages: list[dict[str, Any]], tools: Any, answer: bytes) -> bool:
         """Does a request whose message `len(self.messages)` frames to `answer` repeat
-        this turn? Compared as Python values (in C): a client that re-sends 1.0 as 1
-        still links here, as the canonical form links re-dumped arguments; the prompt's
-        tokens are checked against the render on their own."""
+        this turn? Compared as Python values, so 1.0 re-sent as 1 still links (the
+        prompt's tokens are checked against the render on their own)."""
         k = len(self.messages)
         return answer == self.answer and tools == self.tools and messages[:k] == self.messages
 
 
 class ConversationHash:
     """One pass over a request's messages: the hash after each assistant message (the
-    parent candidates), and the running state, so that the hash of the request plus a
-    new answer costs only the answer: a long conversation is hashed once per turn,
-    not once per use. With `resume` (the parent's, whose answer is the request's last
+    parent candidates), and the running state, so the request plus its answer costs
+    only the answer. With `resume` (the parent's, whose answer is the request's last
     assistant message) only the messages after that answer are hashed."""
 
     def __init__(
@@ -98,10 +94,8 @@ class ConversationHash:
 
 def last_answer(messages: list[dict[str, Any]]) -> int | None:
     """Index of the last assistant message (the answer a request continues), if any."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "assistant":
-            return i
-    return None
+    found = (i for i in reversed(range(len(messages))) if messages[i].get("role") == "assistant")
+    return next(found, None)
 
 
 def answer_positions(messages: list[dict[str, Any]]) -> list[int]:

@@ -36,8 +36,7 @@ def scan(text: str, markers: tuple[str, ...]) -> tuple[str, str | None, str]:
 class ToolParser(abc.ABC):
     """Feed text as it is generated; get content and complete tool calls back."""
 
-    # How one call is written, for the tool prompt the gateway adds when a template
-    # shows no tools (gateway/chat/tools.py); None: the Hermes form.
+    # how one call is written, for the gateway's tool prompt (tools.py); None: Hermes'
     call_format: str | None = None
 
     def __init__(self) -> None:
@@ -78,11 +77,8 @@ class ToolParser(abc.ABC):
 
 
 def arguments_json(args: Any) -> str | None:
-    """Tool arguments as a JSON object's text (None when they are not an object).
-
-    A call with no arguments is a real call: missing or empty arguments are `{}`. Some
-    models double-encode the object as a JSON string; that is undone.
-    """
+    """Tool arguments as a JSON object's text, else None. Missing or empty arguments are
+    `{}` (a real call); an object double-encoded as a JSON string is decoded."""
     if args is None or args == "":
         return "{}"
     if isinstance(args, str):

@@ -2,16 +2,14 @@
 model's own chat template here, so the ids recorded are the ones generated from.
 
 Incremental prompts: a turn extending a recorded one is the parent's prompt + output
-ids + the encoding of only the text rendered after them, taken only when the render
-provably starts with the parent's text and the parent's output ended in a special token
-(never merged with what follows); else a full encode, counted as a fallback.
+ids + the encoding of only the text rendered after them, when the render provably
+starts with the parent's text and the parent's output ended in a special token (never
+merged with what follows); else a full encode, counted as a fallback.
 
 Token-exact history (`history: token_exact`): always the parent's ids + the render of
 only the messages after its answer, even where the template renders that answer
-differently (Qwen3's drops earlier reasoning). What follows the answer is found by
-rendering it replaced by a marker; the text after the marker (less the turn-closing
-token, when the model emitted its stop token) must be how the real render ends, else
-the template's prompt is used (a fallback, with its reason).
+differently (Qwen3's drops earlier reasoning); found by rendering the answer replaced
+by a marker, else the template's prompt (a fallback, with its reason).
 """
 
 from __future__ import annotations
@@ -113,8 +111,7 @@ class Rendered:
         return self.incremental or self.history == "token_exact"
 
 
-# Stands in for the parent's answer when rendering what follows it: private-use
-# characters that no template writes and that no message is expected to hold.
+# the parent's answer's stand-in: private-use characters no template or message holds
 _ANSWER_MARK = "\ue000turnstile-answer\ue001"
 
 
@@ -219,9 +216,8 @@ class ChatRenderer:
         )
 
     def interned(self, ids: list[int]) -> list[int]:
-        """The same ids, each as the one int object this renderer keeps per id. A long
-        session's cached prompts then hold 8 bytes a token, not 8 + a 32-byte int each,
-        and copying them touches a few thousand objects, not one per token."""
+        """The same ids as the renderer's one int object per id: cached prompts hold 8
+        bytes a token, not 8 + a 32-byte int, and copies touch few objects."""
         table = self._id_objects
         if not ids or (min(ids) >= 0 and max(ids) < len(table)):
             return list(map(table.__getitem__, ids))
@@ -246,8 +242,7 @@ class ChatRenderer:
                 return Rendered(ids, new, True, parts=(*prefix.parts, new), source=source)
         text = self.render_text(messages, tools, tool_choice)
         if parent is not None and prefix.starts(text):
-            # the parent's ids shared, not copied, and the JSON they were sent
-            # to the engine as (gateway/token_ids.py)
+            # the parent's ids (and their JSON) shared, not copied: gateway/token_ids.py
             ids = TokenIds.joined(prompt_ids, output_ids, self.encode(text[len(prefix) :]))
             return Rendered(ids, text, True, parts=(text,), source=source)
         return Rendered(
@@ -255,11 +250,9 @@ class ChatRenderer:
         )
 
     def _after_parent(self, source: RenderSource, prefix: TextPrefix) -> str | None:
-        """For a message-local template, the text the whole render has after `prefix`,
-        from `W` = render([m0, mk..]) less `H` = render([m0]) + the answer's text
-        (template_window.py). None (render it all) when the template is not message-local,
-        the parent's prompt is not a render of this one's first messages with the same
-        tools, or `W` does not start so."""
+        """For a message-local template (template_window.py), the text the whole render
+        has after `prefix`: render([m0, mk..]) less render([m0]) + the answer's text.
+        None (render it all) where that is not proven for this request."""
         was = prefix.source
         if self.not_windowed is not None or was is None:
             return None

@@ -1,9 +1,8 @@
-"""What a chat template expects of the messages it renders, read from its text.
-
-Templates disagree on small things that decide whether they render at all, or render
-what the model saw: DeepSeek V3's concatenates tool arguments as a string and tells a
-tool-call turn by `content is none`; Qwen3's reads `reasoning_content` and parses
-arguments given as an object. Messages are shaped to suit (template.py).
+"""What a chat template expects of the messages it renders, read from its text, and
+`normalize_message`, which shapes messages to suit (its plain form is what linking.py
+compares). Templates disagree on what decides whether they render at all, or render
+what the model saw: DeepSeek V3's wants tool arguments as a string and a tool-call
+turn's `content` None; Qwen3's reads `reasoning_content` and arguments as an object.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""Which chat templates render each message on its own: then a turn renders only its new
-messages, not its whole history (a 64-turn session's 128 messages cost ~0.25 ms of
-template a turn otherwise: docs/benchmarks.md).
+"""Which chat templates render each message on its own, so that a turn renders only its
+new messages (a 64-turn session's 128 messages cost ~0.25 ms of template a turn
+otherwise: docs/benchmarks.md).
 
 Such a template's text is `A + B(m_0) + ... + B(m_n) + C`, each `B(m_i)` depending only
-on `m_i`, `loop.first`, `messages[0]` and settings fixed within a session, and `A`, `C`
+on `m_i`, `loop.first`, `messages[0]` and settings fixed within a session, `A` and `C`
 only on `messages[0]` and those settings (SmolLM2's ChatML template is one).
-`message_local(env, source)` proves it from the syntax tree or says why not: one
-top-level `{% for %}` over `messages` (no filter, `else` or recursion); `messages` read
-only as `messages[0]`, never assigned; `loop` read only as `loop.first`; nothing
-assigned inside the loop and no namespace attribute anywhere; no `break`; no call but
-the template's macros and `raise_exception` (not `strftime_now`, `cycler`, `joiner`); no
-`random` filter.
-
-Then, with `H` the render of `[m_0]` and `W` that of `[m_0] + m_k..m_n` (from the
-parent's answer `m_k`), the whole render starts with the parent's prompt + answer text
-exactly when `W` starts with `H` + the answer's text, and what follows is the same
-(`ChatRenderer.render`). tests/test_template_window.py checks it against full renders.
+`message_local` proves it from the syntax tree or says why not: one top-level
+`{% for %}` over `messages` (no filter, `else` or recursion); `messages` read only as
+`messages[0]`; `loop` only as `loop.first`; nothing assigned inside the loop, no
+namespace attribute anywhere; no `break`; no call but the template's macros and
+`raise_exception`; no `random` filter. Then the whole render starts with the parent's
+prompt + answer text exactly when render(`[m_0] + m_k..m_n`) starts with render(`[m_0]`)
++ the answer's text, and what follows is the same. tests/test_template_window.py
+checks it against full renders.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The model's tokenizer read from its files on the `tokenizers` library, without transformers.
 
-Behind an external engine the gateway needs a tokenizer, never a model, and importing
-transformers (which pulls in torch) held ~460 MB where a pass-through holds ~60.
-`ModelTokenizer` reads the files transformers reads (`tokenizer.json`,
-`tokenizer_config.json`, `chat_template.jinja` first) and offers the part of its API the
-gateway uses, with the same results (tests/test_model_tokenizer.py). User code keeps
-transformers' tokenizer (`gateway.inference.model_source.load_tokenizer`).
+Behind an external engine the gateway needs a tokenizer, never a model; importing
+transformers (and torch) held ~460 MB where a pass-through holds ~60. `ModelTokenizer`
+reads the files transformers reads and offers the part of its API the gateway uses,
+with the same results (tests/test_model_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -34,10 +32,8 @@ CHAT_TEMPLATE_DIR = "additional_chat_templates"
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level table: each byte's character in a byte-level BPE vocabulary
-    (printable Latin-1 bytes stand for themselves, the rest for 256 + n in order). The
-    same table as transformers' `convert_slow_tokenizer.bytes_to_unicode`, written here
-    so that the gateway does not import transformers for it (tests compare the two)."""
+    """GPT-2's byte-level table (each byte's character in a byte-level BPE vocabulary):
+    transformers' `bytes_to_unicode`, without importing transformers (tests compare)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
     others = [b for b in range(256) if b not in printable]
@@ -187,9 +183,8 @@ def _return_freed_memory() -> None:
 
 
 def load_tokenizer(model_dir: str | Path) -> ModelTokenizer:
-    """The tokenizer the gateway serves with, read from a model folder (tokenizer.json +
-    tokenizer_config.json), transformers not imported; `model_source.load_tokenizer`
-    gives transformers' own, for user code that wants its whole API."""
+    """The tokenizer the gateway serves with, read from a model folder without
+    transformers (`model_source.load_tokenizer` gives transformers' own)."""
     if not (Path(model_dir) / "tokenizer.json").is_file():
         raise FileNotFoundError(
             f"{model_dir} has no tokenizer.json: the gateway reads a fast tokenizer's files"

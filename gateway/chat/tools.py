@@ -1,8 +1,7 @@
-"""Tools for chat templates that know nothing about tools (SmolLM2's, for one).
-
-Tools are never dropped silently: the gateway describes them in a system block in the
-Hermes style and asks for `<tool_call>` answers; earlier tool calls are written back in
-that form, so a later prompt continues the tokens the model produced.
+"""Tools for chat templates that know nothing about tools (SmolLM2's, for one): never
+dropped silently, but described in a Hermes-style system block asking for `<tool_call>`
+answers, and earlier calls written back in that form (a later prompt continues the
+tokens the model produced).
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from typing import Any
 
 from gateway.chat.families.hermes import TOOL_CLOSE, TOOL_OPEN
 
-# the tool parser for the calls this prompt asks for (a parser's `call_format` may ask
-# for its own form instead)
+# the parser for the calls this prompt asks for (unless a parser's `call_format` says)
 PROMPT_TOOL_PARSER = "hermes"
 
 _HEADER = (
@@ -68,10 +66,8 @@ def inline_tools(
     call_format: str | None = None,
     inline_calls: bool = True,
 ) -> list[dict[str, Any]]:
-    """Normalised messages -> messages a tool-less template renders faithfully.
-
-    `inline_calls=False`: the template writes earlier tool calls itself (DeepSeek V3's
-    shows calls but not the tools), so only the tools are added."""
+    """Normalised messages -> messages a tool-less template renders faithfully
+    (`inline_calls=False`: it writes earlier calls itself, as DeepSeek V3's does)."""
     out = []
     for m in messages:
         if inline_calls and m.get("tool_calls"):  # as the model was asked to write them

@@ -5,9 +5,9 @@
     {"city": "Paris"}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-Several `tool▁call` blocks in one are parallel calls. V3's template shows calls but not
-tools, so the tool prompt asks for this form (`call_format`). `deepseek_r1` (chosen by
-name only): the answer always starts inside `<think>` (R1 often omits the tag).
+Several `tool▁call`s in one block are parallel calls. V3's template shows calls, not
+tools, so the tool prompt asks for this form. `deepseek_r1` (chosen by name only): the
+answer starts inside `<think>` (R1 often omits the tag).
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """gpt-oss: prompts in the harmony format, rendered by OpenAI's own `openai-harmony` (the
-reference renderer: `--chat-template harmony`, or chosen for a tokenizer that has
-harmony's tokens and no chat template), and answers split by channel.
+reference: `--chat-template harmony`, or chosen for a tokenizer with harmony's tokens
+and no chat template), and answers split by channel.
 
-Offline: `openai-harmony` downloads o200k_base on first use unless
-`TIKTOKEN_ENCODINGS_BASE` names a folder holding it. That file is the gpt-oss
-tokenizer's own vocabulary in tiktoken's format, so the gateway writes it from the
-loaded tokenizer (into $TURNSTILE_CACHE/harmony), checked against openai-harmony's sha256.
+Offline: `openai-harmony` downloads o200k_base unless `TIKTOKEN_ENCODINGS_BASE` holds
+it. That file is the gpt-oss tokenizer's own vocabulary in tiktoken's format, so it is
+written from the loaded tokenizer (into $TURNSTILE_CACHE/harmony), sha256-checked.
 
 Answers: the prompt ends with `<|start|>assistant`, so an answer is messages
-`[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`.
-`analysis` is reasoning; `final` (and a preamble addressed to no one) is text; a message
-`to=` a tool is a call, passed whole to the tool parser as `<|start|>assistant` + header
-+ `<|message|>` + body + `<|call|>`. The recipient may stand before the channel (as
-openai-harmony renders it) or after it (as the model often writes it). A call to
-anything but a function, or whose arguments are not a JSON object, comes back as text
-and is counted.
+`[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`
+(the recipient before the channel, as openai-harmony writes it, or after, as the model
+often does). `analysis` is reasoning; `final` (or a preamble to no one) is text; a
+message `to=` a tool is a call, passed whole to the tool parser as `<|start|>assistant`
++ header + `<|message|>` + body + `<|call|>`. A call to anything but a function, or
+with arguments that are not a JSON object, comes back as text and is counted.
 """
 
 from __future__ import annotations
@@ -100,8 +98,9 @@ def harmony_encoding(tokenizer: Any) -> Any:
 class HarmonyTemplate:
     """Normalised OpenAI chat messages -> a harmony prompt's text: system messages are
     the developer message's instructions, next to the tools; an assistant turn is its
-    `analysis`, then its calls (`commentary`, `to=functions.NAME`) or `final` answer; a
-    tool result is a message from `functions.NAME` (the call it answers)."""
+    `analysis`, then its calls (`commentary`, `to=functions.NAME`) or `final` answer (and
+    harmony drops the analysis of turns that reached one); a tool result is a message
+    from `functions.NAME` (the call it answers)."""
 
     # it renders tools and calls itself, reads arguments as objects and reasoning
     traits = TemplateTraits(True, True, False, False, True)

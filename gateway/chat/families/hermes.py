@@ -1,9 +1,7 @@
-"""Hermes / Qwen tool calls: JSON inside `<tool_call>...</tool_call>` tags, in ChatML.
-
-One `{"name": ..., "arguments": {...}}` per tag (several tags: parallel calls), or
-SmolLM2's JSON list of them in one tag. Also the form the gateway asks for when a
-template knows no tools (gateway/chat/tools.py). Generic: the tags appear in other
-families' templates too (Qwen3-Coder's), so those are tried first.
+"""Hermes / Qwen tool calls: JSON inside `<tool_call>...</tool_call>` tags, in ChatML: one
+`{"name", "arguments"}` per tag, or SmolLM2's list of them, and the form the gateway's
+tool prompt asks for (tools.py). Generic: other families' templates (Qwen3-Coder's)
+have the tags too, so those are tried first.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Llama 3.1 JSON tool calls: the whole answer is `{"name": ..., "parameters": {...}}`.
+"""Llama 3.1 JSON tool calls: the whole answer is `{"name": ..., "parameters": {...}}`,
+maybe after `<|python_tag|>`; parallel calls follow each other, split by `;` or space.
 
-Its npm-package template has no tools: the gateway ships one that has
-(`--chat-template llama3_1_json`). The answer may start with `<|python_tag|>` (a token,
-or text with the Llama 3 tokenizer); parallel calls follow each other, separated by `;`
-or whitespace. An answer that starts otherwise streams as content; one that starts like
-a call is held to its end, then parsed (returned as content, counted, if invalid).
+Its npm-package template has no tools: the gateway ships one (`--chat-template
+llama3_1_json`). An answer that starts otherwise streams as content; one that starts
+like a call is held to its end, then parsed (returned as content, counted, if invalid).
 """
 
 from __future__ import annotations

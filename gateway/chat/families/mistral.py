@@ -4,8 +4,7 @@ calls after the token, to the end of the answer (text before it is content).
     [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {...}]</s>
 
 Template quirk: its templates refuse a call id that is not 9 letters or digits, so
-parsed calls get such ids, and a client's other ids (`call_...`, `toolu_...`) render as
-9 hex digits of their sha256, the same for the call and its result.
+parsed calls get such ids, and other ids render as 9 hex digits of their sha256.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Qwen3: `<think>...</think>` reasoning; its tool calls are Hermes', its turns ChatML's.
 
-The answer may open the block, or start inside it when the prompt ended with `<think>`;
-an answer with no block is content, one that never closes (cut off) reasoning.
-Newlines around the reasoning and at the answer's start are the template's framing
-(`<think>\n` + reasoning + `\n</think>\n\n` + content), not text.
+The answer may open the block, or start inside it (the prompt ended with `<think>`); no
+block: all content; never closed (cut off): all reasoning. Newlines around the reasoning
+and at the answer's start are the template's framing, not text.
 """
 
 from __future__ import annotations
