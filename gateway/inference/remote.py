@@ -511,7 +511,10 @@ class RemoteEngine(InferenceEngine):
             ) from exc
         if isinstance(out, dict) and "error" in out and self.answer_key not in out:
             raise self.refusal(url, 400, raw)  # sent as a stream event (after HTTP 200)
-        if not isinstance(out, dict) or not out.get(self.answer_key):
+        value = out.get(self.answer_key) if isinstance(out, dict) else None
+        if isinstance(value, list):  # choices: the first one is read
+            value = value[0] if value else None
+        if not isinstance(value, dict):
             raise EngineError(
                 f"the {self.label} server at {url} answered without {self.answer_key}"
             )
