@@ -13,17 +13,19 @@ uvloop, the loop the gateway runs on.
 from __future__ import annotations
 
 import json
-import subprocess
+import shutil
 import sys
+import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import httpx
 import uvloop
 
-from bench.procs import free_port
+from bench import engine_server
+from bench.procs import Children, checkout_env
 from gateway.inference.http_client import EngineHTTP
 
 BODY = json.dumps(
@@ -82,19 +84,10 @@ async def with_gateway(url: str) -> float:
 
 
 def main() -> int:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.engine_server", "--port", str(port),
-         "--ids", "504,3365,2", "--text", "hi", "--eos", "2"],
-    )  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="turnstile-engine-client-"))
+    children = Children(work, checkout_env())
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        url = f"http://127.0.0.1:{port}/generate"
+        url = engine_server.start(children, [504, 3365, 2], 2, "hi") + "/generate"
         for rnd in range(3):
             hx, ah, gw = (uvloop.run(f(url)) for f in (with_httpx, with_aiohttp, with_gateway))
             print(
@@ -102,8 +95,8 @@ def main() -> int:
                 f"gateway's client {gw:.3f} ({ah / gw:.1f}x less than aiohttp)"
             )
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        children.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -15,11 +15,38 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import time
 
 from aiohttp import web
 
+from bench.procs import Children, free_port
+
+ANSWER = (
+    "The list loses its last item because the loop stops one line early when the input "
+    "ends with an empty line; iterate over"
+)
 _rids = itertools.count()
+
+
+def answer_ids() -> tuple[list[int], int]:
+    """The engine's answer as real SmolLM2 ids, ending in its stop token."""
+    from gateway.inference.model_source import load_tokenizer, resolve_model_dir
+
+    tok = load_tokenizer(resolve_model_dir())
+    eos = int(tok.eos_token_id)
+    return tok.encode(ANSWER, add_special_tokens=False)[:31] + [eos], eos
+
+
+def start(
+    children: Children, ids: list[int], eos: int, text: str = ANSWER, prefix: tuple = ()
+) -> str:
+    """This engine as a child of the run (`prefix`: e.g. a `taskset`); its URL, once ready."""
+    port = free_port()
+    argv = [*prefix, sys.executable, "-m", "bench.engine_server", "--port", str(port),
+            "--ids", ",".join(map(str, ids)), "--text", text, "--eos", str(eos)]  # fmt: skip
+    children.start("engine", argv, f"http://127.0.0.1:{port}/health")
+    return f"http://127.0.0.1:{port}"
 
 
 def make_app(ids: list[int], text: str, eos: int, context: int) -> web.Application:

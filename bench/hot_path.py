@@ -52,21 +52,18 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from bench import engine_server
+from bench.engine_server import answer_ids
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
-from bench.procs import Child, Children, can_pin, free_port
+from bench.procs import ROOT, TURNSTILE, Child, Children, can_pin, checkout_env, free_port
 from bench.report import cpu_name, write_section
 from bench.store_check import check_store
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- BEGIN hot-path (written by bench/hot_path.py) -->"
 END = "<!-- END hot-path -->"
 LONG_BEGIN = "<!-- BEGIN hot-path-long (written by bench/hot_path.py --long) -->"
 LONG_END = "<!-- END hot-path-long -->"
-ANSWER = (
-    "The list loses its last item because the loop stops one line early when the input "
-    "ends with an empty line; iterate over"
-)
 PASS, GATEWAY = "pass-through", "gateway"
 # Which library a py-spy sample is charged to: the innermost frame whose file matches.
 # where an idle thread's stack ends (py-spy samples every thread, busy or not)
@@ -173,15 +170,6 @@ def machine() -> str:
     )
 
 
-def answer_ids() -> tuple[list[int], int]:
-    """The engine's answer as real SmolLM2 ids, ending in its stop token."""
-    from gateway.inference.model_source import load_tokenizer, resolve_model_dir
-
-    tok = load_tokenizer(resolve_model_dir())
-    eos = int(tok.eos_token_id)
-    return tok.encode(ANSWER, add_special_tokens=False)[:31] + [eos], eos
-
-
 def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
     """Mean bytes stored per session, and mean bytes of its final conversation (the last
     turn's prompt + output ids, 4 bytes each, and its request's JSON, rebuilt whole)."""
@@ -233,21 +221,11 @@ def profile_table(raw: Path) -> list[str]:
     return ["| charged to | share of busy samples |", "|---|---:|", *rows]
 
 
-def _py_spy() -> str:
-    """py-spy from PATH, else beside this interpreter (a venv that is not activated)."""
-    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="turnstile-hotpath-"))
-        # PYTHONPATH: the servers run this checkout's code, not an installed copy
-        env = dict(
-            os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)
-        )
-        env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
-        self.children = Children(self.work, env)
+        self.children = Children(self.work, checkout_env())
         self.pinned = can_pin(0, 1) and bool(shutil.which("taskset"))
         self.admin_key = "adm-" + secrets.token_hex(16)
         self.records: list[Record] = []
@@ -257,28 +235,30 @@ class Bench:
         self.long_profile: list[str] = []
         self.long: list[LongRun] = []
 
-    def pin(self, core: int, argv: list[str]) -> list[str]:
-        return ["taskset", "-c", str(core), *argv] if self.pinned else argv
+    def pin(self, core: int) -> list[str]:
+        """The prefix that pins a child to `core`, where this machine allows it."""
+        return ["taskset", "-c", str(core)] if self.pinned else []
 
-    def start(self, name: str, argv: list[str], health: str) -> Child:
-        child = self.children.start(name, argv)
-        child.wait_http(health)
-        return child
+    async def conversations_for(self, path: str, url: str, n: int) -> list[Conversation]:
+        if path == PASS:  # no session: nothing to record
+            return [Conversation() for _ in range(n)]
+        return await create_sessions(url, self.admin_key, n)
+
+    def ran(self, path: str, n: int, res: LevelResult) -> None:
+        """Count `n` conversations as used; keep the gateway's records for the store check."""
+        self.conversations += n
+        if path == GATEWAY:
+            self.records += res.records
 
     async def measure(self, server: Child, path: str, url: str, sessions: int) -> Run:
         n = max(1, self.args.requests * (4 if sessions > 1 else 1) // self.args.turns)
-        if path != PASS:
-            convs = await create_sessions(url, self.admin_key, n)
-        else:
-            convs = [Conversation() for _ in range(n)]  # no session: nothing to record
+        convs = await self.conversations_for(path, url, n)
         cpu0 = server.cpu_seconds()
         res = await run_level(
             url, path, sessions, convs, self.args.turns, first_conversation=self.conversations
         )
         run = Run(path, res, server.cpu_seconds() - cpu0)
-        self.conversations += n
-        if path == GATEWAY:
-            self.records += res.records
+        self.ran(path, n, res)
         print(
             f"{sessions:>3} sessions  {path:<13} {res.ok:>6} ok  {res.rps:7.0f} req/s  "
             f"p50 {res.pct(50):6.2f} ms  CPU {run.cpu_ms:6.2f} ms/req"
@@ -314,8 +294,10 @@ class Bench:
         """py-spy samples `server` while the block runs; its raw stacks stay in runs/bench/."""
         raw = ROOT / "runs" / "bench" / name
         raw.parent.mkdir(parents=True, exist_ok=True)
+        # py-spy from PATH, else beside this interpreter (a venv that is not activated)
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         spy = subprocess.Popen(
-            [_py_spy(), "record", "--format", "raw", "-r", "100", "-p", str(server.pid),
+            [py_spy, "record", "--format", "raw", "-r", "100", "-p", str(server.pid),
              "-o", str(raw)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -328,10 +310,7 @@ class Bench:
 
     async def long_run(self, server: Child, path: str, url: str, sessions: int) -> LongRun:
         """`--long-turns`-turn sessions in lockstep; CPU per request read after each turn."""
-        if path != PASS:
-            convs = await create_sessions(url, self.admin_key, sessions)
-        else:
-            convs = [Conversation() for _ in range(sessions)]
+        convs = await self.conversations_for(path, url, sessions)
         cpu_ms: list[float] = []
         last = [server.cpu_seconds()]
 
@@ -343,56 +322,27 @@ class Bench:
         res = await run_long(
             url, convs, self.args.long_turns, on_turn, first_conversation=self.conversations
         )
-        self.conversations += sessions
-        if path == GATEWAY:
-            self.records += res.records
+        self.ran(path, sessions, res)
         run = LongRun(path, res, cpu_ms, server.proc.memory_info().rss)
         print(f"{sessions:>3} long sessions {path:<13} {res.ok:>5} ok  CPU ms/req by turns: "
               + ", ".join(f"{k} {v:.2f}" for k, v in run.buckets().items()))  # fmt: skip
         return run
 
     async def main(self) -> int:
-        ids, eos = answer_ids()
-        e_port, p_port, g_port = free_port(), free_port(), free_port()
-        engine_url = f"http://127.0.0.1:{e_port}"
-        py = sys.executable
-        turnstile = str(Path(py).parent / "turnstile")
-        self.start(
-            "engine",
-            self.pin(
-                1,
-                [
-                    py,
-                    "-m",
-                    "bench.engine_server",
-                    "--port",
-                    str(e_port),
-                    "--ids",
-                    ",".join(map(str, ids)),
-                    "--text",
-                    ANSWER,
-                    "--eos",
-                    str(eos),
-                ],
-            ),
-            engine_url + "/health",
-        )
+        p_port, g_port = free_port(), free_port()
+        engine_url = engine_server.start(self.children, *answer_ids(), prefix=self.pin(1))
         if self.pinned:
             os.sched_setaffinity(0, {1})
-        proxy = self.start(
-            PASS,
-            self.pin(
-                0, [py, "-m", "bench.passthrough", "--port", str(p_port), "--upstream", engine_url]
-            ),
-            f"http://127.0.0.1:{p_port}/docs",
-        )
+        argv = [sys.executable, "-m", "bench.passthrough", "--port", str(p_port),
+                "--upstream", engine_url]  # fmt: skip
+        proxy = self.children.start(PASS, [*self.pin(0), *argv], f"http://127.0.0.1:{p_port}/docs")
         db = self.work / "gateway.db"
 
         def serve(name: str, port: int, db: Path, *env: str) -> tuple[str, Child, str]:
-            argv = ["env", *env, turnstile, "serve", "--engine", "sglang", "--engine-url",
+            argv = [*self.pin(0), "env", *env, TURNSTILE, "serve", "--engine", "sglang", "--engine-url",
                     engine_url, "--port", str(port), "--database", str(db), "--admin-key",
                     self.admin_key]  # fmt: skip
-            child = self.start(name, self.pin(0, argv), f"http://127.0.0.1:{port}/healthz")
+            child = self.children.start(name, argv, f"http://127.0.0.1:{port}/healthz")
             return name, child, f"http://127.0.0.1:{port}/v1"
 
         paths = [(PASS, proxy, f"http://127.0.0.1:{p_port}/v1")]
@@ -444,18 +394,16 @@ class Bench:
             lines.append(f"| {r.result.concurrency} | {r.path} | "
                          + " | ".join(f"{v:.2f}" for v in b)
                          + f" | {b[-1] / b[0]:.1f}x | {vs:.2f}x | {r.rss / 2**20:.0f} |")  # fmt: skip
-        lines += ["", self.storage_line(db), ""]
+        sessions = {rec.session_id for r in self.long for rec in r.result.records}
+        stored, final = storage(db, sessions)
+        lines += ["", f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
+                  f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
+                  f"{stored / final:.2f}x.", ""]  # fmt: skip
         if self.long_profile:
             lines += [f"py-spy, gateway, long sessions at {max(self.args.levels)}:", "",
                       *self.long_profile, ""]  # fmt: skip
         lines.append(LONG_END)
         return "\n".join(lines)
-
-    def storage_line(self, db: Path) -> str:
-        stored, final = storage(db, {rec.session_id for r in self.long for rec in r.result.records})
-        return (f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
-                f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
-                f"{stored / final:.2f}x.")  # fmt: skip
 
     def section(self, store: str) -> str:
         ref = {r.result.concurrency: r for r in self.runs if r.path == PASS}

@@ -7,11 +7,23 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+
+
+def checkout_env() -> dict[str, str]:
+    """The children's environment: this checkout's code (PYTHONPATH), not an installed
+    copy, and nothing fetched from a hub."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
+    return env
 
 
 def free_port() -> int:
@@ -105,9 +117,12 @@ class Children:
         self.env = env
         self.items: list[Child] = []
 
-    def start(self, name: str, argv: list[str]) -> Child:
+    def start(self, name: str, argv: list[str], health: str | None = None) -> Child:
+        """Start a child; with `health`, also wait until that URL answers 200."""
         child = Child(name, argv, self.log_dir, self.env)
         self.items.append(child)
+        if health:
+            child.wait_http(health)
         return child
 
     def stop_all(self) -> None:

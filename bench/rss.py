@@ -25,17 +25,17 @@ import os
 import platform
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-from bench.procs import Child, Children, free_port
+from bench import engine_server
+from bench.engine_server import answer_ids
+from bench.procs import ROOT, TURNSTILE, Child, Children, checkout_env, free_port
 from bench.report import cpu_name, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- BEGIN rss (written by bench/rss.py) -->"
 END = "<!-- END rss -->"
@@ -118,22 +118,22 @@ def section(args: argparse.Namespace, start: dict[str, float], heavy: list[str],
 
 async def main_async(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="turnstile-rss-"))
-    # PYTHONPATH: the server runs this checkout's code, not an installed copy
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
-    children = Children(work, env)
+    children = Children(work, checkout_env())
     admin = "adm-" + secrets.token_hex(16)
     port = free_port()
-    turnstile = str(Path(sys.executable).parent / "turnstile")
-    argv = [turnstile, "serve", "--port", str(port),
+    argv = [TURNSTILE, "serve", "--port", str(port),
             "--database", str(work / "gateway.db"), "--admin-key", admin]  # fmt: skip
     try:
         if args.engine == "external":
-            argv += ["--engine", "sglang", "--engine-url", start_engine(children)]
+            argv += [
+                "--engine",
+                "sglang",
+                "--engine-url",
+                engine_server.start(children, *answer_ids()),
+            ]
         else:
             argv += ["--engine", "fake"]
-        server = children.start("gateway", argv)
-        server.wait_http(f"http://127.0.0.1:{port}/healthz")
+        server = children.start("gateway", argv, f"http://127.0.0.1:{port}/healthz")
         url = f"http://127.0.0.1:{port}/v1"
         start = {"ready": server.proc.memory_info().rss / 2**20}
         async with aiohttp.ClientSession() as http:
@@ -158,19 +158,6 @@ async def main_async(args: argparse.Namespace) -> int:
         max(start["first"], rss[args.sessions]) <= 150 and not heavy
     )
     return 0 if ratio <= 1.10 and small else 1
-
-
-def start_engine(children: Children) -> str:
-    """bench/engine_server.py in its own process, answering real SmolLM2 ids; its URL."""
-    from bench.hot_path import ANSWER, answer_ids
-
-    ids, eos = answer_ids()
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.engine_server", "--port", str(port),
-            "--ids", ",".join(map(str, ids)), "--text", ANSWER, "--eos", str(eos)]  # fmt: skip
-    engine = children.start("engine", argv)
-    engine.wait_http(f"http://127.0.0.1:{port}/health")
-    return f"http://127.0.0.1:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:
