@@ -141,13 +141,6 @@ def _take_pushes(transport: str, device: str, params: dict, inbox: Any, outbox: 
         outbox.put(float(sum(p.detach().double().sum() for p in params.values())))
 
 
-def transport_for(trainer_device: str, engine_device: str) -> str:
-    """CUDA IPC for two processes on one GPU, else the group's backend for the device."""
-    if trainer_device.startswith("cuda") and trainer_device == engine_device:
-        return "ipc"
-    return backend_for(trainer_device)
-
-
 def weight_push(
     shape: dict[str, Any],
     dtype: torch.dtype,
@@ -157,12 +150,12 @@ def weight_push(
     wait_s: float = 600,
 ) -> dict:
     """Median push time over `rounds`; `transport` forces one (the NCCL attempt)."""
-    engine_device = device  # one GPU: both processes on it (a second GPU would take NCCL)
-    transport = transport or transport_for(device, engine_device)
+    # both processes on one GPU share it through CUDA IPC; on CPU, the group's backend
+    transport = transport or ("ipc" if device.startswith("cuda") else backend_for(device))
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     engine = ctx.Process(
-        target=_engine_process, args=(transport, shape, dtype, engine_device, inbox, outbox)
+        target=_engine_process, args=(transport, shape, dtype, device, inbox, outbox)
     )
     engine.start()
     try:

@@ -8,10 +8,8 @@ and fault scenarios whose figures are in docs/reliability.md).
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import secrets
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +18,8 @@ from typing import Any
 import aiohttp
 import sqlalchemy as sa
 
-from bench.procs import Child, Children, free_port
+from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 RETRY_HEADER = "x-stainless-retry-count"  # what OpenAI SDKs send on a retry
 MAX_RETRIES = 30
 
@@ -34,11 +31,8 @@ class Replicas:
     def __init__(
         self, n: int, database: str, work: Path, extra_args: list[str] | None = None
     ) -> None:
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-        env["PYTHONPATH"] = str(ROOT)  # this checkout's code, not an installed copy
-        env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
         work.mkdir(parents=True, exist_ok=True)
-        self.children = Children(work, env)
+        self.children = Children(work, checkout_env())
         self.database = database
         self.admin_key = "adm-" + secrets.token_hex(16)
         self.extra_args = extra_args or []
@@ -50,9 +44,11 @@ class Replicas:
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}/v1" for p in self.ports]
 
+    def health(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}/healthz"
+
     def argv(self, i: int) -> list[str]:
-        turnstile = str(Path(sys.executable).parent / "turnstile")
-        return [turnstile, "serve", "--engine", "fake", "--port", str(self.ports[i]),
+        return [TURNSTILE, "serve", "--engine", "fake", "--port", str(self.ports[i]),
                 "--database", self.database, "--admin-key", self.admin_key,
                 *self.extra_args]  # fmt: skip
 
@@ -61,8 +57,7 @@ class Replicas:
             for i in range(len(self.ports)):  # all at once: they migrate the store in turn
                 self.procs[i] = self.children.start(f"replica{i}-{self.restarts}", self.argv(i))
             for i, child in enumerate(self.procs):
-                assert child is not None
-                child.wait_http(f"http://127.0.0.1:{self.ports[i]}/healthz")
+                child.wait_http(self.health(i))  # type: ignore[union-attr]
         except BaseException:
             self.stop()
             raise
@@ -78,9 +73,8 @@ class Replicas:
         """Start replica `i` again on its port; seconds until it is healthy."""
         self.restarts += 1
         began = time.monotonic()
-        child = self.children.start(f"replica{i}-{self.restarts}", self.argv(i))
-        self.procs[i] = child
-        child.wait_http(f"http://127.0.0.1:{self.ports[i]}/healthz")
+        name = f"replica{i}-{self.restarts}"
+        self.procs[i] = self.children.start(name, self.argv(i), self.health(i))
         return time.monotonic() - began
 
     def stop(self) -> None:
@@ -202,10 +196,13 @@ class Agents:
         for turn in range(self.turns):
             messages.append({"role": "user", "content": f"Session {n}, turn {turn}: go on."})
             body = {"messages": messages, "max_tokens": 16, "logprobs": True}
-            sent, reply = await self._send(http, session_id, key, turn, body, parent)
-            if sent.status != 200:
+            status, replica, reply, latency = await self._post(http, "/chat/completions", body, key)
+            sent = Sent(session_id, turn, replica, status, latency)
+            self.outcome.sent.append(sent)
+            if status != 200:
+                sent.code = reply.get("error", {}).get("code")
                 return  # the test looks at why
-            assert reply is not None
+            sent.completion_id, sent.parent_id = reply["id"], parent
             if self.retry_every and turn % self.retry_every == self.retry_every - 1:
                 await self._retry(http, key, body, sent)
             if self.rewards:
@@ -249,24 +246,6 @@ class Agents:
                 attempt, replica = attempt + 1, self.pick(avoid=replica)
                 continue
             return status, replica, data, time.monotonic() - began
-
-    async def _send(
-        self,
-        http: aiohttp.ClientSession,
-        session_id: str,
-        key: str,
-        turn: int,
-        body: dict[str, Any],
-        parent: str | None,
-    ) -> tuple[Sent, dict[str, Any] | None]:
-        status, replica, data, latency = await self._post(http, "/chat/completions", body, key)
-        sent = Sent(session_id, turn, replica, status, latency)
-        if status == 200:
-            sent.completion_id, sent.parent_id = data["id"], parent
-        else:
-            sent.code = data.get("error", {}).get("code")
-        self.outcome.sent.append(sent)
-        return sent, data if status == 200 else None
 
     async def _retry(
         self, http: aiohttp.ClientSession, key: str, body: dict[str, Any], sent: Sent
