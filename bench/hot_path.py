@@ -339,9 +339,9 @@ class Bench:
         db = self.work / "gateway.db"
 
         def serve(name: str, port: int, db: Path, *env: str) -> tuple[str, Child, str]:
-            argv = [*self.pin(0), "env", *env, TURNSTILE, "serve", "--engine", "sglang", "--engine-url",
-                    engine_url, "--port", str(port), "--database", str(db), "--admin-key",
-                    self.admin_key]  # fmt: skip
+            argv = [*self.pin(0), "env", *env, TURNSTILE, "serve", "--engine", "sglang",
+                    "--engine-url", engine_url, "--port", str(port), "--database", str(db),
+                    "--admin-key", self.admin_key]  # fmt: skip
             child = self.children.start(name, argv, f"http://127.0.0.1:{port}/healthz")
             return name, child, f"http://127.0.0.1:{port}/v1"
 
