@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 
 from gateway.server import BackgroundGateway
 from gateway.store.codec import unpack_ints
@@ -18,6 +21,8 @@ from gateway.store.database import database_url
 ADMIN_KEY = "admin-test"
 FAKE_REPLY = "The answer is 4."
 HTTP_TIMEOUT = 120.0
+# the twelve migrations squashed into one, kept to build stores at their revisions
+OLD_CHAIN = Path(__file__).parent / "fixtures" / "migrations_0001_0012"
 # the tools the tool-calling tests offer: one with a required argument, one with none
 WEATHER = {
     "type": "function",
@@ -97,6 +102,19 @@ def completion_record(gateway: BackgroundGateway, session_id: str, cid: str) -> 
     by_id = {c["id"]: c for c in read_session(gateway, session_id)["completions"]}
     assert cid in by_id, f"completion {cid} was not recorded"
     return by_id[cid]
+
+
+def old_store(database: str, revision: str) -> None:
+    """A store built by the old chain of migrations up to `revision`."""
+    engine = sa.create_engine(database_url(database))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(OLD_CHAIN))
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    finally:
+        engine.dispose()
 
 
 @contextmanager

@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from gateway_helpers import admin_headers, bearer, openai_client, store_connection
+from gateway_helpers import admin_headers, bearer, old_store, openai_client, store_connection
 
 from gateway import json_codec
 from gateway.config import GatewayConfig
 from gateway.entrypoints.incremental_body import IncrementalBodies
 from gateway.inference.fake import FakeEngine
 from gateway.server import BackgroundGateway
-from gateway.store.database import head_revision, migrate
+from gateway.store.database import head_revision
 from gateway.store.delta import (
     Full,
     Rebuilder,
@@ -194,16 +194,17 @@ def _without_later_fields(session: dict[str, Any]) -> dict[str, Any]:
 
 def _pre_delta_store(tmp_path: Path, store_backend: str, new_database: Any) -> str:
     """The fixture database on this backend: the SQLite file itself, or its rows copied
-    into a PostgreSQL database migrated to the fixture's own revision (0003)."""
+    into a PostgreSQL database built by the old migrations to the fixture's own revision
+    (0003)."""
     db = tmp_path / "old.db"
     shutil.copy(FIXTURES / "pre_delta.db", db)
     if store_backend == "sqlite":
         return str(db)
     url = new_database()
+    old_store(url, "0003")
     target = sa.create_engine(url)
     source = sa.create_engine(f"sqlite:///{db}")
     try:
-        migrate(target, "0003")
         old, new = sa.MetaData(), sa.MetaData()
         old.reflect(source)
         new.reflect(target)

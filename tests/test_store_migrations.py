@@ -1,5 +1,7 @@
 """Migrations on both stores: up from empty, down to nothing and up again, the result
-equal to the tables the code declares, and replicas migrating one database at once."""
+equal to the tables the code declares and to what the twelve squashed migrations built,
+stores at any of their revisions opening with their data, and replicas migrating one
+database at once."""
 
 from __future__ import annotations
 
@@ -16,14 +18,18 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from gateway_helpers import old_store
 
+from gateway.store.codec import pack_floats, pack_ints
 from gateway.store.database import (
     MIGRATIONS,
+    SQUASHED,
     database_url,
     head_revision,
     migrate,
     open_database,
 )
+from gateway.store.repository import Repository
 from gateway.store.schema import Base
 
 pytestmark = pytest.mark.both_stores
@@ -69,6 +75,101 @@ def test_down_to_nothing_and_up_again(new_database) -> None:
         assert _schema_drift(engine) == []
     finally:
         engine.dispose()
+
+
+def _inspected(engine: sa.Engine) -> dict[str, dict]:
+    """Every table's columns (in order, with types, nullability, server defaults), primary
+    and foreign keys, indexes and unique constraints, as the database reports them."""
+    inspector = sa.inspect(engine)
+    return {
+        name: {
+            "columns": [
+                (c["name"], str(c["type"]), c["nullable"], c["default"])
+                for c in inspector.get_columns(name)
+            ],
+            "pk": inspector.get_pk_constraint(name),
+            "fks": inspector.get_foreign_keys(name),
+            "indexes": sorted(inspector.get_indexes(name), key=lambda i: i["name"]),
+            "unique": inspector.get_unique_constraints(name),
+        }
+        for name in sorted(inspector.get_table_names())
+    }
+
+
+def test_the_squashed_revision_builds_what_the_twelve_did(new_database) -> None:
+    old_url, new_url = new_database(), new_database()
+    old_store(old_url, "0012")
+    old, new = sa.create_engine(database_url(old_url)), open_database(new_url)
+    try:
+        assert _revision(old) == _revision(new) == HEAD == "0012"
+        assert _inspected(new) == _inspected(old)
+    finally:
+        old.dispose()
+        new.dispose()
+
+
+@pytest.mark.parametrize("revision", sorted(SQUASHED | {"0012"}))
+def test_a_store_at_any_old_revision_opens_with_its_data(new_database, revision) -> None:
+    """A session and two turns written at an old revision read back whole after opening;
+    the schema is then the one a new store gets, with one signing key."""
+    url = new_database()
+    old_store(url, revision)
+    engine = sa.create_engine(database_url(url))
+    with engine.begin() as conn:
+        tables = sa.MetaData()
+        tables.reflect(conn)
+        conn.execute(
+            tables.tables["sessions"].insert(),
+            {"id": "s1", "key_hash": "h1", "created_at": 1.0, "expires_at": 9e9,
+             "ended_at": None, "metadata": {"task": "old"}},
+        )  # fmt: skip
+        turn = {
+            "session_id": "s1", "created_at": 2.0, "endpoint": "chat", "model": "m",
+            "response": {"role": "assistant", "content": "hi"}, "output_ids": pack_ints([7, 8]),
+            "output_logprobs": pack_floats([-0.5, -0.25]), "output_versions": pack_ints([0, 0]),
+            "finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 2,
+            "prefix_hash": "p", "tokens_continue_parent": None, "queue_s": 0.0, "gen_s": 0.0,
+            "total_s": 0.0, "reward": 1.0, "reward_at": 3.0,
+        }  # fmt: skip
+        first = [{"role": "user", "content": "a"}]
+        second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "b"}]
+        conn.execute(
+            tables.tables["completions"].insert(),
+            [
+                {**turn, "id": "c1", "parent_id": None, "request": {"messages": first},
+                 "prompt_ids": pack_ints([1, 2, 3])},
+                {**turn, "id": "c2", "parent_id": "c1", "created_at": 4.0,
+                 "request": {"messages": second}, "prompt_ids": pack_ints([1, 2, 3, 7, 8, 4])},
+            ],
+        )  # fmt: skip
+        keys = (
+            conn.execute(sa.text("SELECT id FROM signing_keys")).all() if revision == "0012" else []
+        )
+    engine.dispose()
+    fresh = open_database(new_database())
+    engine = open_database(url)
+    try:
+        assert _revision(engine) == HEAD
+        assert _inspected(engine) == _inspected(fresh)
+        repo = Repository(engine)
+        assert repo.session("s1").meta == {"task": "old"}
+        got = repo.completions("s1")
+        assert [c["request"]["messages"] for c in got] == [first, second]
+        assert [c["prompt_ids"] for c in got] == [[1, 2, 3], [1, 2, 3, 7, 8, 4]]
+        assert [c["output_logprobs"] for c in got] == [[-0.5, -0.25]] * 2
+        assert [(c["reward"], c["choice_index"], c["side_request"]) for c in got] == [
+            (1.0, 0, False)
+        ] * 2
+        stored = repo.signing_keys()
+        assert len(stored) == 1 and (not keys or stored[0][0] == keys[0][0])
+        with engine.connect() as conn:
+            deltas = conn.execute(sa.text("SELECT is_delta FROM completions ORDER BY id")).all()
+        # the turn that continues its parent becomes a delta on opening a store from before
+        # delta storage; written whole at a later revision, it is left whole
+        assert [bool(d) for (d,) in deltas] == [False, revision < "0004"]
+    finally:
+        engine.dispose()
+        fresh.dispose()
 
 
 def test_replicas_opening_one_empty_database_at_once_all_start(new_database) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, text
 
 from gateway import json_codec
@@ -16,6 +17,8 @@ from gateway import json_codec
 MIGRATIONS = Path(__file__).with_name("migrations")
 # any fixed number: the PostgreSQL advisory lock that replicas migrate under
 MIGRATION_LOCK = 7_248_163_001
+# the revisions squashed into 0012_schema.py, which completes a store stopped at one of them
+SQUASHED = {f"{n:04d}" for n in range(1, 12)}
 # Alembic's command API keeps its context in module globals: one migration per process
 _ALEMBIC = threading.Lock()
 # how long a connection waits for SQLite's locks: the busy timeout, and the WAL switch
@@ -94,7 +97,8 @@ def migrate(engine: Engine, revision: str = "head") -> None:
 
     Processes opening one store together take turns: the first migrates under a lock
     (PostgreSQL: a transaction-scoped advisory lock; SQLite: the write lock, taken up
-    front), the others then find the schema at head.
+    front), the others then find the schema at head. A store at a squashed revision is
+    unstamped first, so that the one revision there is runs on it.
     """
     cfg = _alembic_config()
     with _ALEMBIC, engine.begin() as conn:
@@ -103,4 +107,6 @@ def migrate(engine: Engine, revision: str = "head") -> None:
         elif conn.dialect.name == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout
         cfg.attributes["connection"] = conn
+        if MigrationContext.configure(conn).get_current_revision() in SQUASHED:
+            command.stamp(cfg, "base", purge=True)
         command.upgrade(cfg, revision)
