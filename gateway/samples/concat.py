@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.samples.registry import register_export_style
-from gateway.samples.sample import Sample, require_reward, sampling_temperature
+from gateway.samples.sample import Sample, require_reward, reward_of, sampling_temperature
 
 Completion = dict[str, Any]
 
@@ -71,9 +71,7 @@ def path_returns(chain: list[Completion], turn_discount: float) -> list[float]:
     out = [0.0] * len(chain)
     future = 0.0
     for k in range(len(chain) - 1, -1, -1):
-        reward = chain[k].get("reward")
-        future = (0.0 if reward is None else float(reward)) + turn_discount * future
-        out[k] = future
+        future = out[k] = reward_of(chain[k]) + turn_discount * future
     return out
 
 
@@ -103,7 +101,7 @@ def chain_sample(session_id: str, chain: list[Completion], turn_discount: float)
         loss_mask=loss_mask,
         logprobs=logprobs,
         versions=versions,
-        reward=0.0 if leaf.get("reward") is None else float(leaf["reward"]),
+        reward=reward_of(leaf),
         returns=returns[0],
         temperature=sampling_temperature(first),
         meta={

@@ -6,7 +6,7 @@ from typing import Any
 
 from gateway.samples.registry import register_export_style
 from gateway.samples.returns import discounted_returns
-from gateway.samples.sample import Sample, require_reward, sampling_temperature
+from gateway.samples.sample import Sample, require_reward, reward_of, sampling_temperature
 
 
 @register_export_style("individual")
@@ -29,7 +29,7 @@ def individual_samples(
                 loss_mask=[0] * len(prompt) + [1] * len(output),
                 logprobs=[0.0] * len(prompt) + list(c["output_logprobs"]),
                 versions=[-1] * len(prompt) + list(c["output_versions"]),
-                reward=0.0 if c.get("reward") is None else float(c["reward"]),
+                reward=reward_of(c),
                 returns=returns[c["id"]],
                 temperature=sampling_temperature(c),
                 meta={"finish_reason": c.get("finish_reason"), "parent_id": c.get("parent_id")},

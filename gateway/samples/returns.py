@@ -7,35 +7,22 @@ the tree, never on the order the rows were inserted in.
 
 from __future__ import annotations
 
+from graphlib import TopologicalSorter
 from typing import Any
+
+from gateway.samples.sample import reward_of
 
 
 def discounted_returns(completions: list[dict[str, Any]], turn_discount: float) -> dict[str, float]:
-    by_id = {c["id"]: c for c in completions}
-    children: dict[str, list[str]] = {cid: [] for cid in by_id}
+    children: dict[str, list[str]] = {c["id"]: [] for c in completions}
     for c in completions:
-        parent = c.get("parent_id")
-        if parent in children:
-            children[parent].append(c["id"])
-
+        if c.get("parent_id") in children:
+            children[c["parent_id"]].append(c["id"])
+    rewards = {c["id"]: reward_of(c) for c in completions}
     memo: dict[str, float] = {}
-
-    def ret(cid: str) -> float:
-        # iterative post-order to survive very deep sessions
-        stack = [(cid, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in memo:
-                continue
-            kids = children[node]
-            if not expanded and any(k not in memo for k in kids):
-                stack.append((node, True))
-                stack.extend((k, False) for k in kids if k not in memo)
-                continue
-            own = by_id[node].get("reward")
-            own = 0.0 if own is None else float(own)
-            future = sum(memo[k] for k in kids) / len(kids) if kids else 0.0
-            memo[node] = own + turn_discount * future
-        return memo[cid]
-
-    return {cid: ret(cid) for cid in by_id}
+    # children before their parent, without recursion (sessions can be very deep)
+    for cid in TopologicalSorter(children).static_order():
+        kids = children[cid]
+        future = sum(memo[k] for k in kids) / len(kids) if kids else 0.0
+        memo[cid] = rewards[cid] + turn_discount * future
+    return {cid: memo[cid] for cid in children}

@@ -37,6 +37,12 @@ def require_reward(session_id: str, completions: list[dict[str, Any]]) -> None:
         raise NoRewardError(f"session {session_id} has no reward on any completion")
 
 
+def reward_of(completion: dict[str, Any]) -> float:
+    """Its reward, 0.0 while it has none."""
+    reward = completion.get("reward")
+    return 0.0 if reward is None else float(reward)
+
+
 def sampling_temperature(completion: dict[str, Any]) -> float:
     """The temperature its logprobs were taken at (greedy and unset count as 1.0)."""
     t = (completion.get("request") or {}).get("temperature")
