@@ -74,9 +74,7 @@ class Repository:
         )
         with self.engine.begin() as conn:
             conn.execute(SessionRow.__table__.insert(), [row])
-        return SessionInfo(
-            session_id, now + ttl_s, None, meta, now, terms.sampling, terms.history, terms.quotas
-        )
+        return _session_info(row)
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
         return self._session_where(SessionRow.__table__.c.key_hash == key_hash)
@@ -87,7 +85,7 @@ class Repository:
     def _session_where(self, condition: Any) -> SessionInfo | None:
         with self.engine.connect() as conn:
             row = conn.execute(select(SessionRow.__table__).where(condition)).first()
-        return None if row is None else _row_info(row)
+        return None if row is None else _session_info(row._mapping)
 
     def sessions_ended_since(self, since: float) -> list[str]:
         """Ids of the sessions ended at or after `since` (epoch seconds), on any replica."""
@@ -108,31 +106,22 @@ class Repository:
         return self.session(session_id)
 
     def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-        s, c = SessionRow.__table__, CompletionRow.__table__
-        counts = (
-            select(
-                c.c.session_id, func.count().label("n"), func.count(c.c.reward).label("rewarded")
-            )
-            .group_by(c.c.session_id)
-            .subquery()
-        )
-        q = (
-            select(
-                s.c.id,
-                s.c.created_at,
-                s.c.expires_at,
-                s.c.ended_at,
-                s.c.metadata,
-                func.coalesce(counts.c.n, 0).label("num_completions"),
-                func.coalesce(counts.c.rewarded, 0).label("num_rewarded"),
-            )
-            .outerjoin(counts, counts.c.session_id == s.c.id)
-            .order_by(s.c.created_at.desc())
-            .limit(limit)
-            .offset(offset)
-        )
+        """Sessions, newest first, with how many completions each has and how many of
+        them are rewarded."""
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            rows = conn.execute(summary_query(SessionFilter(), limit, offset)).all()
+        return [
+            dict(
+                id=r.id,
+                created_at=r.created_at,
+                expires_at=r.expires_at,
+                ended_at=r.ended_at,
+                metadata=r.metadata,
+                num_completions=r.turns,
+                num_rewarded=r.rewarded,
+            )
+            for r in rows
+        ]
 
     def count_active_sessions(self) -> int:
         s = SessionRow.__table__
@@ -315,8 +304,7 @@ class Repository:
             )
 
 
-def _row_info(row: Any) -> SessionInfo:
-    m = row._mapping
+def _session_info(m: Any) -> SessionInfo:
     return SessionInfo(
         m["id"],
         m["expires_at"],
