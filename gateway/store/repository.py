@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, Executable, Row, func, select, update
 
 from gateway.store.codec import unpack_floats, unpack_ints
 from gateway.store.delta import Full, Rebuilder, by_id
@@ -18,16 +18,22 @@ from gateway.store.schema import CompletionRow, SessionRow, SigningKeyRow
 from gateway.store.summaries import SessionFilter, summary_dict, summary_query
 
 
+@dataclass(slots=True, frozen=True, kw_only=True)
+class SessionTerms:
+    """What a session's creator may fix for every request of it (`POST /v1/sessions`)."""
+
+    sampling: dict[str, Any] | None = None  # forced on every request of the session
+    history: str | None = None  # how its prompts are built (None: the gateway's default)
+    quotas: dict[str, int] | None = None  # its limits (SessionQuotas fields), None: none
+
+
 @dataclass(slots=True, frozen=True)
-class SessionInfo:
+class SessionInfo(SessionTerms):
     id: str
     expires_at: float
     ended_at: float | None
     meta: dict[str, Any]
     created_at: float
-    sampling: dict[str, Any] | None = None  # forced on every request of the session
-    history: str | None = None  # how its prompts are built (None: the gateway's default)
-    quotas: dict[str, int] | None = None  # its limits (SessionQuotas fields), None: none
 
     @property
     def ended(self) -> bool:
@@ -37,19 +43,17 @@ class SessionInfo:
         return (now or time.time()) >= self.expires_at
 
 
-@dataclass(slots=True, frozen=True)
-class SessionTerms:
-    """What a session's creator may fix for every request of it (`POST /v1/sessions`):
-    sampling forced on each, how its prompts are built, and its quotas."""
-
-    sampling: dict[str, Any] | None = None  # forced on every request of the session
-    history: str | None = None  # how its prompts are built (None: the gateway's default)
-    quotas: dict[str, int] | None = None  # its limits (SessionQuotas fields), None: none
-
-
 class Repository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    def _read(self, query: Executable) -> list[Row[Any]]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).all())
+
+    def _write(self, query: Executable, rows: list[dict[str, Any]] | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(query, rows)
 
     # ---- sessions --------------------------------------------------------------------
     def create_session(
@@ -72,8 +76,7 @@ class Repository:
             history=terms.history,
             quotas=terms.quotas,
         )
-        with self.engine.begin() as conn:
-            conn.execute(SessionRow.__table__.insert(), [row])
+        self._write(SessionRow.__table__.insert(), [row])
         return _session_info(row)
 
     def session_by_key_hash(self, key_hash: str) -> SessionInfo | None:
@@ -83,33 +86,26 @@ class Repository:
         return self._session_where(SessionRow.__table__.c.id == session_id)
 
     def _session_where(self, condition: Any) -> SessionInfo | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(SessionRow.__table__).where(condition)).first()
-        return None if row is None else _session_info(row._mapping)
+        rows = self._read(select(SessionRow.__table__).where(condition))
+        return _session_info(rows[0]._mapping) if rows else None
 
     def sessions_ended_since(self, since: float) -> list[str]:
         """Ids of the sessions ended at or after `since` (epoch seconds), on any replica."""
         table = SessionRow.__table__
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(table.c.id).where(table.c.ended_at >= since))
-            return [r[0] for r in rows]
+        return [r.id for r in self._read(select(table.c.id).where(table.c.ended_at >= since))]
 
     def end_session(self, session_id: str) -> SessionInfo | None:
-        now = time.time()
         table = SessionRow.__table__
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(table)
-                .where(table.c.id == session_id, table.c.ended_at.is_(None))
-                .values(ended_at=now)
-            )
+        self._write(
+            update(table)
+            .where(table.c.id == session_id, table.c.ended_at.is_(None))
+            .values(ended_at=time.time())
+        )
         return self.session(session_id)
 
     def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
         """Sessions, newest first, with how many completions each has and how many of
         them are rewarded."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(summary_query(SessionFilter(), limit, offset)).all()
         return [
             dict(
                 id=r.id,
@@ -120,23 +116,22 @@ class Repository:
                 num_completions=r.turns,
                 num_rewarded=r.rewarded,
             )
-            for r in rows
+            for r in self._read(summary_query(SessionFilter(), limit, offset))
         ]
 
     def count_active_sessions(self) -> int:
         s = SessionRow.__table__
         q = select(func.count()).where(s.c.ended_at.is_(None), s.c.expires_at > time.time())
-        with self.engine.connect() as conn:
-            return int(conn.execute(q).scalar_one())
+        return int(self._read(q)[0][0])
 
     def session_summaries(
         self, filters: SessionFilter, limit: int = 50, offset: int = 0
     ) -> list[dict[str, Any]]:
         """Sessions, newest first, with their turn / token / reward / drift counts."""
         now = time.time()
-        with self.engine.connect() as conn:
-            rows = conn.execute(summary_query(filters, limit, offset, now)).all()
-        return [summary_dict(r, now) for r in rows]
+        return [
+            summary_dict(r, now) for r in self._read(summary_query(filters, limit, offset, now))
+        ]
 
     def session_usage(self, session_id: str) -> tuple[int, int]:
         """(requests, generated tokens) recorded for the session, what its quotas count.
@@ -148,19 +143,15 @@ class Repository:
             func.count(c.c.id).filter(c.c.choice_index == 0),
             func.coalesce(func.sum(c.c.completion_tokens), 0),
         ).where(c.c.session_id == session_id)
-        with self.engine.connect() as conn:
-            requests, tokens = conn.execute(q).one()
+        requests, tokens = self._read(q)[0]
         return int(requests), int(tokens)
 
     # ---- completions -----------------------------------------------------------------
     def completions(self, session_id: str) -> list[dict[str, Any]]:
         """Every completion of the session, whole (delta rows rebuilt, each parent once)."""
         c = CompletionRow.__table__
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(c).where(c.c.session_id == session_id).order_by(c.c.created_at, c.c.id)
-            ).all()
-        maps = [r._mapping for r in rows]
+        q = select(c).where(c.c.session_id == session_id).order_by(c.c.created_at, c.c.id)
+        maps = [r._mapping for r in self._read(q)]
         rebuilder = Rebuilder(by_id(maps))
         return [completion_dict(m, rebuilder.full(m)) for m in maps]
 
@@ -181,25 +172,17 @@ class Repository:
         """The model named by the session's first request on `endpoint` that was not a
         side request (None: there is none yet)."""
         c = CompletionRow.__table__
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                select(c.c.model)
-                .where(
-                    c.c.session_id == session_id,
-                    c.c.endpoint == endpoint,
-                    c.c.side_request.is_(False),
-                )
-                .order_by(c.c.created_at)
-                .limit(1)
-            ).first()
-        return row.model if row is not None else None
+        rows = self._read(
+            select(c.c.model)
+            .where(c.c.session_id == session_id, c.c.endpoint == endpoint, ~c.c.side_request)
+            .order_by(c.c.created_at)
+            .limit(1)
+        )
+        return rows[0].model if rows else None
 
     def completion_owner(self, completion_ids: list[str]) -> dict[str, str]:
         c = CompletionRow.__table__
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(c.c.id, c.c.session_id).where(c.c.id.in_(completion_ids))
-            ).all()
+        rows = self._read(select(c.c.id, c.c.session_id).where(c.c.id.in_(completion_ids)))
         return {r.id: r.session_id for r in rows}
 
     def find_parent(
@@ -281,27 +264,22 @@ class Repository:
         """Leave these completions out of training exports (a token-level episode's
         generations that it did not return for training, such as a greedy baseline)."""
         c = CompletionRow.__table__
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(c)
-                .where(c.c.session_id == session_id, c.c.id.in_(completion_ids))
-                .values(side_request=True)
-            )
+        self._write(
+            update(c)
+            .where(c.c.session_id == session_id, c.c.id.in_(completion_ids))
+            .values(side_request=True)
+        )
 
     # ---- signing keys (gateway/signing.py) -------------------------------------------
     def signing_keys(self) -> list[tuple[str, str, float]]:
         """(id, secret, created_at) of each stored signing key, oldest first."""
         k = SigningKeyRow.__table__
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(k.c.id, k.c.secret, k.c.created_at)).all()
+        rows = self._read(select(k.c.id, k.c.secret, k.c.created_at))
         return sorted(((r.id, r.secret, r.created_at) for r in rows), key=lambda r: (r[2], r[0]))
 
     def add_signing_key(self, key_id: str, secret: str, created_at: float) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                SigningKeyRow.__table__.insert(),
-                [{"id": key_id, "secret": secret, "created_at": created_at}],
-            )
+        row = {"id": key_id, "secret": secret, "created_at": created_at}
+        self._write(SigningKeyRow.__table__.insert(), [row])
 
 
 def _session_info(m: Any) -> SessionInfo:
@@ -311,9 +289,9 @@ def _session_info(m: Any) -> SessionInfo:
         m["ended_at"],
         dict(m["metadata"] or {}),
         m["created_at"],
-        m["sampling"],
-        m["history"],
-        m["quotas"],
+        sampling=m["sampling"],
+        history=m["history"],
+        quotas=m["quotas"],
     )
 
 
