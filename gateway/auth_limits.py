@@ -75,15 +75,14 @@ class AuthLimiter:
 
     def check(self, request: HTTPConnection) -> None:
         """Raise the 429 while this request's client is locked out."""
-        if self.clock() < self._any_locked_until:  # else: nobody is, nothing to look up
-            wait = self.retry_after(request)
-            if wait > 0:
-                raise self.refusal(wait)
+        wait = self.retry_after(request)
+        if wait > 0:
+            raise self.refusal(wait)
 
     def retry_after(self, request: HTTPConnection) -> float:
         """Seconds this request's client must still wait; 0 when it may offer a key."""
         now = self.clock()
-        if now >= self._any_locked_until:
+        if now >= self._any_locked_until:  # nobody is locked out: nothing to look up
             return 0.0
         entry = self._clients.get(client_of(request))
         if entry is None or now >= entry.locked_until:
