@@ -198,12 +198,7 @@ class _CatchUnexpected:
         except Exception as exc:
             if started:
                 raise
-            log.exception("unhandled error")
-            response = error_response(
-                APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"),
-                scope.get("path", ""),
-            )
-            await response(scope, receive, send)
+            await error_response(as_api_error(exc), scope.get("path", ""))(scope, receive, send)
 
 
 def check_finite(value: float, param: str) -> float:
