@@ -25,6 +25,8 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
+# the index 0011 dropped: the two below that start with session_id serve its lookups
+DROPPED_INDEXES = {"ix_completions_session_id"}
 SCHEMA = sa.MetaData()
 # columns in the order the old chain added them, so both build the same tables
 sa.Table(
@@ -109,12 +111,12 @@ def upgrade() -> None:
         for index in table.indexes:
             if index.name not in indexes:
                 index.create(conn)
-        for name in indexes - {i.name for i in table.indexes}:
+        for name in indexes & DROPPED_INDEXES:
             op.drop_index(name, table_name=table.name)
     if "signing_keys" not in had:
         key = {"id": secrets.token_hex(6), "secret": secrets.token_hex(32)}
         conn.execute(SIGNING_KEYS.insert().values(created_at=time.time(), **key))
-    if "is_delta" not in had.get("completions", {"is_delta"}):
+    if "completions" in had and "is_delta" not in had["completions"]:  # before delta storage
         _store_as_deltas(conn)
 
 
