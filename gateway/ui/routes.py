@@ -25,7 +25,7 @@ from fastapi.responses import (
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
 
-from gateway.errors import APIError, error_response
+from gateway.errors import APIError
 from gateway.samples import EXPORT_STYLES
 from gateway.state import GatewayState, State
 from gateway.store.summaries import SessionFilter
@@ -231,14 +231,13 @@ async def run_page(index: int, request: Request, state: State) -> Response:
     openapi_extra=key_parameters(COOKIE),
 )
 async def run_metrics_json(index: int, request: Request, state: State) -> Response:
-    try:
-        if not is_admin(state, request):
-            raise APIError(401, "This needs the admin key.", code="admin_key_required")
-        run = _run(state, index)
-        if run is None:
-            raise APIError(404, f"No run {index}.", code="run_not_found")
-    except APIError as exc:  # in OpenAI's shape, as every JSON error of the gateway
-        return error_response(exc, request.url.path)
+    """Its errors (raised: the 429 from `is_admin` too) in OpenAI's shape, as every JSON
+    error of the gateway."""
+    if not is_admin(state, request):
+        raise APIError(401, "This needs the admin key.", code="admin_key_required")
+    run = _run(state, index)
+    if run is None:
+        raise APIError(404, f"No run {index}.", code="run_not_found")
     return JSONResponse(await run_in_threadpool(run_metrics, run))
 
 
