@@ -15,25 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
-import os
-import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from bench.report import cpu_name, write_section
+from bench.report import ROOT, measured_on, medians, section, table, write_section
 from gateway.inference.base import SamplingParams
 from gateway.inference.embedded import EmbeddedEngine
 from gateway.inference.model_source import resolve_model_dir
 from trainer.api import import_file
-
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN engine-batch (written by bench/engine_batch.py) -->"
-END = "<!-- END engine-batch -->"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def demo_prompts(rows: int) -> list[list[int]]:
@@ -50,11 +41,11 @@ def demo_prompts(rows: int) -> list[list[int]]:
     return prompts
 
 
-async def one_batch(engine: EmbeddedEngine, prompts: list[list[int]]) -> tuple[float, int]:
+async def one_batch(engine: EmbeddedEngine, prompts: list[list[int]]) -> float:
     params = SamplingParams(temperature=0.7, max_new_tokens=48, seed=0, stop_token_ids=[2])
     start = time.perf_counter()
-    results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    return time.perf_counter() - start, sum(len(r.output_ids) for r in results)
+    await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    return time.perf_counter() - start
 
 
 async def run(rounds: int, rows: int) -> dict:
@@ -70,13 +61,12 @@ async def run(rounds: int, rows: int) -> dict:
     order = list(engines)
     for _ in range(rounds):
         for name in order:
-            seconds, _tokens = await one_batch(engines[name], prompts)
-            times[name].append(seconds)
+            times[name].append(await one_batch(engines[name], prompts))
         order.reverse()
     shared = engines["shared prefix"].prefix_tokens_shared
     for engine in engines.values():
         await engine.close()
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    med = medians(times)
     return {
         "rows": rows,
         "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1),
@@ -96,21 +86,21 @@ def main() -> None:
     result = asyncio.run(run(args.rounds, args.rows))
     print(json.dumps(result))
     if args.write_docs:
-        cpu = cpu_name()
-        section = "\n".join([
-            BEGIN, "",
-            f"Measured {dt.date.today()} on {os.cpu_count()} cores ({cpu}), torch "
-            f"{torch.__version__}, {torch.get_num_threads()} threads: `python -m "
-            f"bench.engine_batch --rounds {args.rounds} --rows {args.rows}`: {args.rows} "
-            f"demo prompts (mean {result['prompt_tokens_mean']} tokens) at once, "
-            "temperature 0.7, up to 48 new tokens; median of alternating rounds.", "",
-            "| engine | median s per batch | each round s |", "|---|---:|---|",
-            *(f"| {k} | {result['median_s'][k]} | {result['rounds_s'][k]} |"
-              for k in result["median_s"]),
-            "", f"Shared-prefix prefill is **{result['speedup']:.2f}x** faster on this batch.",
-            "", END,
-        ])  # fmt: skip
-        write_section(DOC, section, BEGIN, END)
+        rows = [
+            {"engine": k, "median s per batch": v, "each round s": result["rounds_s"][k]}
+            for k, v in result["median_s"].items()
+        ]
+        lines = [
+            f"{measured_on()}, torch {torch.__version__}, {torch.get_num_threads()} threads: "
+            f"`python -m bench.engine_batch --rounds {args.rounds} --rows {args.rows}`: "
+            f"{args.rows} demo prompts (mean {result['prompt_tokens_mean']} tokens) at once, "
+            "temperature 0.7, up to 48 new tokens; median of alternating rounds.",
+            "",
+            *table(rows, "lrl"),
+            "",
+            f"Shared-prefix prefill is **{result['speedup']:.2f}x** faster on this batch.",
+        ]
+        write_section(section("engine-batch", "bench/engine_batch.py", lines))
 
 
 if __name__ == "__main__":

@@ -55,15 +55,10 @@ from pathlib import Path
 from bench import engine_server
 from bench.engine_server import answer_ids
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
-from bench.procs import ROOT, TURNSTILE, Child, Children, can_pin, checkout_env, free_port
-from bench.report import cpu_name, write_section
+from bench.procs import TURNSTILE, Child, Children, can_pin, checkout_env, free_port
+from bench.report import ROOT, cpu_name, section, table, write_section
 from bench.store_check import check_store
 
-DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN hot-path (written by bench/hot_path.py) -->"
-END = "<!-- END hot-path -->"
-LONG_BEGIN = "<!-- BEGIN hot-path-long (written by bench/hot_path.py --long) -->"
-LONG_END = "<!-- END hot-path-long -->"
 PASS, GATEWAY = "pass-through", "gateway"
 # Which library a py-spy sample is charged to: the innermost frame whose file matches.
 # where an idle thread's stack ends (py-spy samples every thread, busy or not)
@@ -153,7 +148,7 @@ def git(*args: str) -> str:
 
 
 def machine() -> str:
-    cpu = cpu_name()
+    """The machine, the commit and the libraries on the path: what the figures depend on."""
     pkgs = []
     for name in ("fastapi", "uvicorn", "httpx", "tokenizers", "transformers", "uvloop"):
         try:
@@ -164,7 +159,7 @@ def machine() -> str:
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Measured {when} at commit `{git('rev-parse', '--short', 'HEAD')}`{dirty} on "
-        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
+        f"{os.cpu_count()} cores ({cpu_name()}), Python {platform.python_version()}; "
         + ", ".join(pkgs)
         + "."
     )
@@ -217,8 +212,11 @@ def profile_table(raw: Path) -> list[str]:
         )
         counts[owner] += int(n)
     total = sum(counts.values()) or 1
-    rows = [f"| {name} | {100 * n / total:.0f}% |" for name, n in counts.most_common()]
-    return ["| charged to | share of busy samples |", "|---|---:|", *rows]
+    rows = [
+        {"charged to": name, "share of busy samples": f"{100 * n / total:.0f}%"}
+        for name, n in counts.most_common()
+    ]
+    return table(rows, "lr")
 
 
 class Bench:
@@ -357,7 +355,7 @@ class Bench:
         gateway.kill_hard()
         store = check_store(db, self.records)
         print(store.describe())
-        section = self.section(store.describe())
+        section = self.short_section(store.describe())
         (ROOT / "runs" / "bench").mkdir(parents=True, exist_ok=True)
         (ROOT / "runs" / "bench" / "hot_path.json").write_text(
             json.dumps([r.result.summary() | {"cpu_ms": r.cpu_ms} for r in self.runs], indent=1)
@@ -369,70 +367,68 @@ class Bench:
         if failed or not store.ok:
             print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
             return 1
-        print(section)
-        long = self.long_section(db) if self.long else None  # (reads the store: once)
-        if long is not None:
-            print(long)
-        if self.args.write_docs:
-            write_section(DOC, section, BEGIN, END)
-            if long is not None:
-                write_section(DOC, long, LONG_BEGIN, LONG_END)
+        sections = [section, self.long_section(db)] if self.long else [section]
+        for text in sections:
+            print(text)
+            if self.args.write_docs:
+                write_section(text)
         return 0
 
     def long_section(self, db: Path) -> str:
-        ref = {r.result.concurrency: r for r in self.long if r.path == PASS}
-        lines = [LONG_BEGIN, "", machine(), "",
-                 f"{self.args.long_turns}-turn sessions in lockstep, every user turn a ~2 kB "
-                 "tool-output block; CPU ms per request by turn:", "",
-                 "| sessions | path | " + " | ".join(f"turns {k}" for k in
-                 self.long[0].buckets()) + " | last / first | vs pass-through, last turns "
-                 "| RSS after, MB |", "|---:|---|" + "---:|" * (len(self.long[0].buckets())
-                 + 3)]  # fmt: skip
+        ref = {r.result.concurrency: r.buckets() for r in self.long if r.path == PASS}
+        rows = []
         for r in self.long:
-            b = list(r.buckets().values())
-            vs = b[-1] / list(ref[r.result.concurrency].buckets().values())[-1]
-            lines.append(f"| {r.result.concurrency} | {r.path} | "
-                         + " | ".join(f"{v:.2f}" for v in b)
-                         + f" | {b[-1] / b[0]:.1f}x | {vs:.2f}x | {r.rss / 2**20:.0f} |")  # fmt: skip
+            b = r.buckets()
+            first, last = list(b.values())[0], list(b.values())[-1]
+            vs = last / list(ref[r.result.concurrency].values())[-1]
+            rows.append(
+                {"sessions": r.result.concurrency, "path": r.path}
+                | {f"turns {k}": f"{v:.2f}" for k, v in b.items()}
+                | {
+                    "last / first": f"{last / first:.1f}x",
+                    "vs pass-through, last turns": f"{vs:.2f}x",
+                    "RSS after, MB": f"{r.rss / 2**20:.0f}",
+                }
+            )
         sessions = {rec.session_id for r in self.long for rec in r.result.records}
         stored, final = storage(db, sessions)
-        lines += ["", f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
-                  f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
-                  f"{stored / final:.2f}x.", ""]  # fmt: skip
-        if self.long_profile:
-            lines += [f"py-spy, gateway, long sessions at {max(self.args.levels)}:", "",
-                      *self.long_profile, ""]  # fmt: skip
-        lines.append(LONG_END)
-        return "\n".join(lines)
-
-    def section(self, store: str) -> str:
-        ref = {r.result.concurrency: r for r in self.runs if r.path == PASS}
         lines = [
-            BEGIN,
-            "",
             machine(),
             "",
-            "| sessions | path | requests | req/s | p50 ms | p99 ms | CPU ms/req "
-            "| CPU vs pass-through |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|",
+            f"{self.args.long_turns}-turn sessions in lockstep, every user turn a ~2 kB "
+            "tool-output block; CPU ms per request by turn:",
+            "",
+            *table(rows, "rl" + "r" * (len(rows[0]) - 2)),
+            "",
+            f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation (prompt "
+            f"+ output ids + request): {final / 1e6:.2f} MB; ratio {stored / final:.2f}x.",
         ]
-        for r in self.runs:
-            res = r.result
-            ratio = r.cpu_ms / ref[res.concurrency].cpu_ms
-            lines.append(
-                f"| {res.concurrency} | {r.path} | {res.ok} | {res.rps:.0f} | "
-                f"{res.pct(50):.2f} | {res.pct(99):.2f} | {r.cpu_ms:.2f} | "
-                f"{ratio:.2f}x |"
-            )
-        lines += ["", f"Store check after `kill -9` of the gateway: {store}", ""]
+        if self.long_profile:
+            levels = max(self.args.levels)
+            lines += ["", f"py-spy, gateway, long sessions at {levels}:", "", *self.long_profile]
+        return section("hot-path-long", "bench/hot_path.py --long", lines)
+
+    def short_section(self, store: str) -> str:
+        ref = {r.result.concurrency: r.cpu_ms for r in self.runs if r.path == PASS}
+        rows = [
+            {
+                "sessions": r.result.concurrency,
+                "path": r.path,
+                "requests": r.result.ok,
+                "req/s": f"{r.result.rps:.0f}",
+                "p50 ms": f"{r.result.pct(50):.2f}",
+                "p99 ms": f"{r.result.pct(99):.2f}",
+                "CPU ms/req": f"{r.cpu_ms:.2f}",
+                "CPU vs pass-through": f"{r.cpu_ms / ref[r.result.concurrency]:.2f}x",
+            }
+            for r in self.runs
+        ]
+        store = f"Store check after `kill -9` of the gateway: {store}"
+        lines = [machine(), "", *table(rows, "rlrrrrrr"), "", store]
         if self.profile:
-            lines += [
-                f"py-spy, gateway at {max(self.args.levels)} sessions:",
-                "",
-                *self.profile,
-                "",
-            ]
-        return "\n".join([*lines, END])
+            levels = max(self.args.levels)
+            lines += ["", f"py-spy, gateway at {levels} sessions:", "", *self.profile]
+        return section("hot-path", "bench/hot_path.py", lines)
 
 
 def main(argv: list[str] | None = None) -> int:

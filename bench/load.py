@@ -23,6 +23,8 @@ from typing import Any
 
 import aiohttp
 
+from bench.report import percentile
+
 # What agents send: a ~1.7 kB system prompt (instructions and tool rules) and ~300-char
 # user turns, asking for logprobs, as an RL rollout does.
 SYSTEM = " ".join(
@@ -89,10 +91,10 @@ class LevelResult:
         return self.ok / self.wall_s if self.wall_s else 0.0
 
     def pct(self, q: float) -> float:
-        return percentile(sorted(self.latencies_ms), q)
+        return percentile(self.latencies_ms, q)
 
     def summary(self) -> dict[str, Any]:
-        lat = sorted(self.latencies_ms)
+        lat = self.latencies_ms
         return {
             "target": self.target,
             "concurrency": self.concurrency,
@@ -101,21 +103,13 @@ class LevelResult:
             "statuses": dict(self.statuses),
             "wall_s": round(self.wall_s, 3),
             "rps": round(self.rps, 1),
-            "p50_ms": round(percentile(lat, 50), 3),
-            "p90_ms": round(percentile(lat, 90), 3),
-            "p99_ms": round(percentile(lat, 99), 3),
+            "p50_ms": round(self.pct(50), 3),
+            "p90_ms": round(self.pct(90), 3),
+            "p99_ms": round(self.pct(99), 3),
             "mean_ms": round(sum(lat) / len(lat), 3) if lat else float("nan"),
             "client_cpu_s": round(self.client_cpu_s, 3),
             "errors": self.errors[:5],
         }
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list (NaN when empty)."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
 
 
 def connector(concurrency: int) -> aiohttp.TCPConnector:
@@ -146,6 +140,53 @@ async def create_sessions(
     return out
 
 
+@dataclass
+class Chat:
+    """Chat turns posted to `url` through `http`, each counted in `result`."""
+
+    http: aiohttp.ClientSession
+    url: str
+    result: LevelResult
+    model: str = "default"
+
+    async def turn(
+        self, conv: Conversation, number: int, turn: int, messages: list, next_user: str
+    ) -> bool:
+        """Post the history; on a 200, extend it with the answer and `next_user`. False
+        when the conversation cannot go on without its answer."""
+        result = self.result
+        headers = {"content-type": "application/json"}
+        if conv.api_key:
+            headers["authorization"] = f"Bearer {conv.api_key}"
+        body = json.dumps({"model": self.model, "messages": messages, **BODY}).encode()
+        t0 = time.perf_counter()
+        try:
+            async with self.http.post(self.url, data=body, headers=headers) as resp:
+                raw, status = await resp.read(), resp.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            result.statuses[0] += 1
+            result.errors.append(f"turn {turn}: {type(exc).__name__}: {exc}")
+            return False
+        result.statuses[status] += 1
+        if status != 200:
+            result.errors.append(f"turn {turn}: HTTP {status}: {raw[:300]!r}")
+            return False
+        result.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+        answer = json.loads(raw)
+        result.records.append(Record(answer["id"], conv.session_id, number, turn))
+        content = answer["choices"][0]["message"].get("content") or ""
+        messages.append({"role": "assistant", "content": content})
+        messages.append({"role": "user", "content": next_user})
+        return True
+
+
+def opening(conversation: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question(conversation, 0)},
+    ]
+
+
 async def run_level(
     base_url: str,
     target: str,
@@ -158,51 +199,69 @@ async def run_level(
 ) -> LevelResult:
     """Run every conversation (each `turns` requests) with `concurrency` agents at once."""
     result = LevelResult(target, concurrency, turns)
-    url = f"{base_url}/chat/completions"
     next_conv = iter(enumerate(conversations, start=first_conversation))
 
-    async def one_conversation(http: aiohttp.ClientSession, number: int, conv: Conversation):
-        headers = {"content-type": "application/json"}
-        if conv.api_key:
-            headers["authorization"] = f"Bearer {conv.api_key}"
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": question(number, 0)},
-        ]
-        for turn in range(turns):
-            body = json.dumps({"model": model, "messages": messages, **BODY}).encode()
-            t0 = time.perf_counter()
-            try:
-                async with http.post(url, data=body, headers=headers) as resp:
-                    raw = await resp.read()
-                    status = resp.status
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                result.statuses[0] += 1
-                result.errors.append(f"{type(exc).__name__}: {exc}")
-                return  # the conversation cannot go on without its answer
-            elapsed_ms = (time.perf_counter() - t0) * 1000.0
-            result.statuses[status] += 1
-            if status != 200:
-                result.errors.append(f"HTTP {status}: {raw[:300]!r}")
-                return
-            answer = json.loads(raw)
-            result.latencies_ms.append(elapsed_ms)
-            result.records.append(Record(answer["id"], conv.session_id, number, turn))
-            content = answer["choices"][0]["message"].get("content") or ""
-            messages.append({"role": "assistant", "content": content})
-            messages.append({"role": "user", "content": question(number, turn + 1)})
-
-    async def agent(http: aiohttp.ClientSession) -> None:
+    async def agent(chat: Chat) -> None:
         for number, conv in next_conv:
-            await one_conversation(http, number, conv)
+            messages = opening(number)
+            for turn in range(turns):
+                if not await chat.turn(conv, number, turn, messages, question(number, turn + 1)):
+                    break
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector(concurrency), timeout=timeout) as http:
+        chat = Chat(http, f"{base_url}/chat/completions", result, model)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
-        await asyncio.gather(*(agent(http) for _ in range(concurrency)))
+        await asyncio.gather(*(agent(chat) for _ in range(concurrency)))
         result.wall_s = time.perf_counter() - t0
         result.client_cpu_s = time.process_time() - cpu0
+    return result
+
+
+def tool_output(conversation: int, turn: int, size: int = 2000) -> str:
+    """A ~2 kB block shaped like a tool's output (a test run's log), ~450 tokens."""
+    lines, n = [], 0
+    while n < size:
+        k = len(lines)
+        line = (
+            f"test_{turn}_{k} in session {conversation}: the parser reads each line of the "
+            f"input file, keeps the items it finds and skips the empty ones; {k % 7} checks passed."
+        )
+        lines.append(line)
+        n += len(line) + 1
+    return "Tool output:\n" + "\n".join(lines)
+
+
+async def run_long(
+    base_url: str,
+    conversations: list[Conversation],
+    turns: int,
+    on_turn: Any,
+    timeout_s: float = 300.0,
+    first_conversation: int = 0,
+) -> LevelResult:
+    """Long sessions in lockstep: turn t of every conversation at once, then `on_turn(t,
+    answered)` (e.g. to read the server's CPU), so costs can be told apart by turn."""
+    result = LevelResult("long", len(conversations), turns)
+    histories = [opening(i) for i in range(len(conversations))]
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector(len(histories)), timeout=timeout) as http:
+        chat = Chat(http, f"{base_url}/chat/completions", result)
+        t0 = time.perf_counter()
+        for turn in range(turns):
+            ok = await asyncio.gather(
+                *(
+                    chat.turn(
+                        conv, first_conversation + i, turn, histories[i], tool_output(i, turn)
+                    )
+                    for i, conv in enumerate(conversations)
+                )
+            )
+            on_turn(turn, sum(ok))
+            if not all(ok):
+                break
+        result.wall_s = time.perf_counter() - t0
     return result
 
 
@@ -231,65 +290,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def tool_output(conversation: int, turn: int, size: int = 2000) -> str:
-    """A ~2 kB block shaped like a tool's output (a test run's log), ~450 tokens."""
-    lines, n = [], 0
-    while n < size:
-        k = len(lines)
-        line = (
-            f"test_{turn}_{k} in session {conversation}: the parser reads each line of the "
-            f"input file, keeps the items it finds and skips the empty ones; {k % 7} checks passed."
-        )
-        lines.append(line)
-        n += len(line) + 1
-    return "Tool output:\n" + "\n".join(lines)
-
-
-async def run_long(
-    base_url: str,
-    conversations: list[Conversation],
-    turns: int,
-    on_turn: Any,
-    timeout_s: float = 300.0,
-    first_conversation: int = 0,
-) -> LevelResult:
-    """Long sessions in lockstep: turn t of every conversation at once, then `on_turn(t,
-    answered)` (e.g. to read the server's CPU), so costs can be told apart by turn."""
-    result = LevelResult("long", len(conversations), turns)
-    url = f"{base_url}/chat/completions"
-    histories = [
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(i, 0)}]
-        for i in range(len(conversations))
-    ]
-
-    async def one(http: aiohttp.ClientSession, i: int, turn: int) -> bool:
-        conv, messages = conversations[i], histories[i]
-        headers = {"content-type": "application/json", "authorization": f"Bearer {conv.api_key}"}
-        body = json.dumps({"model": "default", "messages": messages, **BODY}).encode()
-        t0 = time.perf_counter()
-        async with http.post(url, data=body, headers=headers) as resp:
-            raw, status = await resp.read(), resp.status
-        result.statuses[status] += 1
-        if status != 200:
-            result.errors.append(f"turn {turn}: HTTP {status}: {raw[:300]!r}")
-            return False
-        result.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-        answer = json.loads(raw)
-        result.records.append(Record(answer["id"], conv.session_id, first_conversation + i, turn))
-        content = answer["choices"][0]["message"].get("content") or ""
-        messages.append({"role": "assistant", "content": content})
-        messages.append({"role": "user", "content": tool_output(i, turn)})
-        return True
-
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(connector=connector(len(histories)), timeout=timeout) as http:
-        t0 = time.perf_counter()
-        for turn in range(turns):
-            ok = await asyncio.gather(*(one(http, i, turn) for i in range(len(histories))))
-            on_turn(turn, sum(ok))
-            if not all(ok):
-                break
-        result.wall_s = time.perf_counter() - t0
-    return result

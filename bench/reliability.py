@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import tempfile
 import time
 from collections import Counter
@@ -29,13 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.postgres import PostgresServer
-from bench.replicas import Agents, Outcome, Replicas, lost_or_wrong, percentile, stored_completions
-from bench.report import write_section
-
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "reliability.md"
-BEGIN = "<!-- BEGIN reliability (written by bench/reliability.py) -->"
-END = "<!-- END reliability -->"
+from bench.replicas import Agents, Outcome, Replicas, lost_or_wrong, stored_completions
+from bench.report import ROOT, measured_on, percentile, section, table, write_section
 
 
 @dataclass
@@ -49,23 +42,30 @@ class Row:
     def statuses(self) -> Counter[int]:
         return Counter(s.status for s in self.outcome.sent)
 
-    def cells(self) -> list[str]:
-        lat = [s.latency_s * 1000 for s in self.outcome.ok]
-        n5xx = sum(v for k, v in self.statuses.items() if k >= 500)
-        return [
-            self.scenario,
-            str(len(self.outcome.ok)),
-            str(self.lost),
-            str(n5xx),
-            f"{percentile(lat, 0.5):.0f}",
-            f"{percentile(lat, 0.99):.0f}",
-            f"{len(self.outcome.ok) / self.outcome.elapsed_s:.0f}",
-            f"{self.outcome.retries_same_id} / {len(self.outcome.retries_other_id)}",
-            self.note,
-        ]
+    def cells(self) -> dict[str, object]:
+        """Its row of docs/reliability.md's table, by column."""
+        ok = self.outcome.ok
+        lat = [s.latency_s * 1000 for s in ok]
+        return {
+            "scenario": self.scenario,
+            "200s": len(ok),
+            "lost": self.lost,
+            "5xx": sum(v for k, v in self.statuses.items() if k >= 500),
+            "p50 ms": f"{percentile(lat, 50):.0f}",
+            "p99 ms": f"{percentile(lat, 99):.0f}",
+            "req/s": f"{len(ok) / self.outcome.elapsed_s:.0f}",
+            "retries same id / other": f"{self.outcome.retries_same_id} / "
+            f"{len(self.outcome.retries_other_id)}",
+            "notes": self.note,
+        }
 
 
-def _check(scenario: str, replicas: Replicas, outcome: Outcome, note: str = "") -> Row:
+def replicas(args: argparse.Namespace, pg: PostgresServer, work: Path) -> Replicas:
+    """Three replicas on a new database of `pg`."""
+    return Replicas(3, pg.create_database(), work, ["--fake-delay-s", str(args.fake_delay_s)])
+
+
+def check(scenario: str, replicas: Replicas, outcome: Outcome, note: str = "") -> Row:
     problems = lost_or_wrong(outcome, stored_completions(replicas.database))
     for p in problems[:10]:
         print("  LOST/WRONG", p)
@@ -74,37 +74,40 @@ def _check(scenario: str, replicas: Replicas, outcome: Outcome, note: str = "") 
     return row
 
 
+async def a_third_in(agents: Agents) -> asyncio.Future[Outcome]:
+    """The agents' run, once a third of its requests are answered: when a fault strikes."""
+    run = asyncio.ensure_future(agents.run())
+    while len(agents.outcome.sent) < agents.sessions * agents.turns // 3:
+        await asyncio.sleep(0.05)
+    return run
+
+
 async def load(args: argparse.Namespace, pg: PostgresServer, work: Path) -> list[Row]:
     rows = []
-    with Replicas(3, pg.create_database(), work / "load", _serve_args(args)) as replicas:
+    with replicas(args, pg, work / "load") as reps:
         for run in range(args.runs):
-            agents = Agents(replicas, args.sessions, args.turns, retry_every=4, seed=run)
-            rows.append(_check(f"load, run {run + 1}", replicas, await agents.run()))
+            agents = Agents(reps, args.sessions, args.turns, retry_every=4, seed=run)
+            rows.append(check(f"load, run {run + 1}", reps, await agents.run()))
     return rows
 
 
 async def kill(args: argparse.Namespace, pg: PostgresServer, work: Path) -> list[Row]:
-    with Replicas(3, pg.create_database(), work / "kill", _serve_args(args)) as replicas:
-        agents = Agents(replicas, args.sessions, args.turns, retry_every=4, seed=100)
-        run = asyncio.ensure_future(agents.run())
-        while len(agents.outcome.sent) < args.sessions * args.turns // 3:
-            await asyncio.sleep(0.05)
+    with replicas(args, pg, work / "kill") as reps:
+        agents = Agents(reps, args.sessions, args.turns, retry_every=4, seed=100)
+        run = await a_third_in(agents)
         agents.down.add(0)
-        replicas.kill(0)
+        reps.kill(0)
         outcome = await run
-        restart_s = await asyncio.to_thread(replicas.restart, 0)
+        restart_s = await asyncio.to_thread(reps.restart, 0)
         note = (f"replica 0 SIGKILLed after {args.sessions * args.turns // 3} answers; "
                 f"{outcome.connection_errors} requests cut or refused, re-sent elsewhere; "
                 f"restarted healthy in {restart_s:.1f} s")  # fmt: skip
-        return [_check("kill -9 of a replica", replicas, outcome, note)]
+        return [check("kill -9 of a replica", reps, outcome, note)]
 
 
 async def postgres_outage(args: argparse.Namespace, pg: PostgresServer, work: Path) -> list[Row]:
-    with Replicas(3, pg.create_database(), work / "pg", _serve_args(args)) as replicas:
-        agents = Agents(replicas, args.sessions, args.turns, retry_every=4, seed=200)
-        run = asyncio.ensure_future(agents.run())
-        while len(agents.outcome.sent) < args.sessions * args.turns // 3:
-            await asyncio.sleep(0.05)
+    with replicas(args, pg, work / "pg") as reps:
+        run = await a_third_in(Agents(reps, args.sessions, args.turns, retry_every=4, seed=200))
         await asyncio.to_thread(pg.stop, "immediate")
         await asyncio.sleep(args.outage_s)
         began = time.monotonic()
@@ -118,33 +121,27 @@ async def postgres_outage(args: argparse.Namespace, pg: PostgresServer, work: Pa
                 f"`store_unavailable` with `retry-after`, each retried by its client; "
                 f"{outcome.connection_errors} connection errors; "
                 f"final non-200: {dict(refused) or 0}; no gateway restarted")  # fmt: skip
-        return [_check(f"PostgreSQL down {args.outage_s:g} s", replicas, outcome, note)]
-
-
-def _serve_args(args: argparse.Namespace) -> list[str]:
-    return ["--fake-delay-s", str(args.fake_delay_s)]
+        return [check(f"PostgreSQL down {args.outage_s:g} s", reps, outcome, note)]
 
 
 SCENARIOS = {"load": load, "kill": kill, "postgres": postgres_outage}
 
 
-def section(args: argparse.Namespace, rows: list[Row], when: str) -> str:
-    head = ["scenario", "200s", "lost", "5xx", "p50 ms", "p99 ms", "req/s",
-            "retries same id / other", "notes"]  # fmt: skip
-    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    table += ["| " + " | ".join(r.cells()) + " |" for r in rows]
-    return "\n".join([
-        BEGIN, "",
-        f"Measured {when} on a {os.cpu_count()}-core VM ({platform.processor() or 'x86_64'}), "
-        f"no GPU, Python {platform.python_version()}, other engineers' work running on the "
-        f"same cores: `python -m bench.reliability` ({args.sessions} sessions x "
-        f"{args.turns} turns, three `turnstile serve --engine fake --fake-delay-s "
-        f"{args.fake_delay_s:g}` replicas, PostgreSQL 15 with fsync on, all on this VM).",
-        "", *table, "",
+def doc_section(args: argparse.Namespace, rows: list[Row]) -> str:
+    cells = [r.cells() for r in rows]
+    lines = [
+        f"{measured_on()}, no GPU, other engineers' work running on the same cores: "
+        f"`python -m bench.reliability` ({args.sessions} sessions x {args.turns} turns, "
+        f"three `turnstile serve --engine fake --fake-delay-s {args.fake_delay_s:g}` "
+        "replicas, PostgreSQL 15 with fsync on, all on this machine).",
+        "",
+        *table(cells, "l" * len(cells[0])),
+        "",
         "200s: answers received; lost: answers not in the database under their session with "
         "their parent and reward (must be 0); 5xx: final answers (after the client's retries) "
-        "that were server errors; latency is per request as the agent saw it.", "", END,
-    ])  # fmt: skip
+        "that were server errors; latency is per request as the agent saw it.",
+    ]
+    return section("reliability", "bench/reliability.py", lines)
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -153,12 +150,10 @@ async def main_async(args: argparse.Namespace) -> int:
     with PostgresServer(fsync=True) as pg:
         for name in args.only or list(SCENARIOS):
             rows += await SCENARIOS[name](args, pg, work)
-    when = time.strftime("%Y-%m-%d", time.gmtime())
-    failed = [r for r in rows if r.lost or any(k >= 500 for k in r.statuses)]
     if args.write_docs:
-        write_section(DOC, section(args, rows, when), BEGIN, END)
+        write_section(doc_section(args, rows), ROOT / "docs" / "reliability.md")
     print("logs:", work)
-    return 1 if failed else 0
+    return 1 if any(r.lost or any(k >= 500 for k in r.statuses) for r in rows) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

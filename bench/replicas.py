@@ -306,10 +306,3 @@ def lost_or_wrong(outcome: Outcome, stored: dict[str, dict[str, Any]]) -> list[s
         ):
             problems.append(f"{s.completion_id}: reward {row['reward']}")
     return problems
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

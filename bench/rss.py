@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import os
-import platform
 import secrets
 import shutil
 import tempfile
@@ -32,59 +29,56 @@ from pathlib import Path
 import aiohttp
 
 from bench import engine_server
-from bench.engine_server import answer_ids
-from bench.procs import ROOT, TURNSTILE, Child, Children, checkout_env, free_port
-from bench.report import cpu_name, write_section
+from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
+from bench.replicas import create_session
+from bench.report import measured_on, section, table, write_section
 
-DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN rss (written by bench/rss.py) -->"
-END = "<!-- END rss -->"
 SYSTEM = "You are a careful assistant. Answer briefly and show your work. " * 5
 
 
 async def one_session(
     http: aiohttp.ClientSession, url: str, admin: str, n: int, turns: int
 ) -> None:
-    async with http.post(f"{url}/sessions", headers={"Authorization": f"Bearer {admin}"},
-                         json={"metadata": {"n": n}}) as r:  # fmt: skip
-        r.raise_for_status()
-        body = await r.json()
-    key = {"Authorization": f"Bearer {body['api_key']}"}
+    sid, key = await create_session(http, url, admin, metadata={"n": n})
+    auth = {"Authorization": f"Bearer {key}"}
     messages = [{"role": "system", "content": SYSTEM}]
     for turn in range(turns):
         messages.append({"role": "user", "content": f"Session {n}, question {turn}: 2+{turn}?"})
         req = {"model": "default", "messages": messages, "max_tokens": 16, "logprobs": True}
-        async with http.post(f"{url}/chat/completions", headers=key, json=req) as r:
+        async with http.post(f"{url}/chat/completions", headers=auth, json=req) as r:
             r.raise_for_status()
             reply = await r.json()
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
-    async with http.post(f"{url}/sessions/{body['id']}/end", headers=key) as r:
+    async with http.post(f"{url}/sessions/{sid}/end", headers=auth) as r:
         r.raise_for_status()
 
 
+def rss_mb(server: Child) -> float:
+    return server.proc.memory_info().rss / 2**20
+
+
 async def drive(
-    server: Child, url: str, admin: str, sessions: int, turns: int, concurrency: int,
-    checkpoints: list[int],
-) -> dict[int, float]:  # fmt: skip
+    server: Child, url: str, admin: str, args: argparse.Namespace, checkpoints: set[int]
+) -> dict[int, float]:
     """RSS in MB when the number of finished sessions reaches each checkpoint."""
     rss: dict[int, float] = {}
     done = 0
-    next_n = iter(range(sessions))
+    next_n = iter(range(args.sessions))
     began = time.perf_counter()
 
     async def worker(http: aiohttp.ClientSession) -> None:
         nonlocal done
         for n in next_n:
-            await one_session(http, url, admin, n, turns)
+            await one_session(http, url, admin, n, args.turns)
             done += 1
             if done in checkpoints:
-                rss[done] = server.proc.memory_info().rss / 2**20
+                rss[done] = rss_mb(server)
                 print(f"{done:>6} sessions  RSS {rss[done]:7.1f} MB  "
                       f"{time.perf_counter() - began:6.0f} s", flush=True)  # fmt: skip
 
-    conn = aiohttp.TCPConnector(limit=concurrency)
+    conn = aiohttp.TCPConnector(limit=args.concurrency)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(60)) as http:
-        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(http) for _ in range(args.concurrency)))
     return rss
 
 
@@ -94,26 +88,34 @@ def heavy_files(server: Child) -> list[str]:
     return sorted(p for p in mapped if "/torch/" in p or "/transformers/" in p)
 
 
-def section(args: argparse.Namespace, start: dict[str, float], heavy: list[str],
-            rss: dict[int, float]) -> str:  # fmt: skip
+def doc_section(
+    args: argparse.Namespace, start: dict[str, float], heavy: list[str], rss: dict[int, float]
+) -> str:
     first, last = rss[args.first], rss[args.sessions]
-    rows = "\n".join(f"| {n:,} | {mb:.1f} |" for n, mb in sorted(rss.items()))
-    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    engine = ("`turnstile serve --engine sglang` in front of bench/engine_server.py"
-              if args.engine == "external" else "`turnstile serve --engine fake`")  # fmt: skip
-    return "\n".join([
-        BEGIN, "",
-        f"Measured {when} on {os.cpu_count()} cores ({cpu_name()}), "
-        f"no GPU, Python {platform.python_version()}: `python -m bench.rss --engine "
-        f"{args.engine} --sessions {args.sessions} --turns {args.turns} --concurrency "
-        f"{args.concurrency}` ({engine}, default cache bounds).", "",
+    engine = "`turnstile serve --engine fake`"
+    if args.engine == "external":
+        engine = "`turnstile serve --engine sglang` in front of bench/engine_server.py"
+    lines = [
+        f"{measured_on()}, no GPU: `python -m bench.rss --engine {args.engine} --sessions "
+        f"{args.sessions} --turns {args.turns} --concurrency {args.concurrency}` ({engine}, "
+        "default cache bounds).",
+        "",
         f"Ready: **{start['ready']:.1f} MB**; after its first session: "
         f"**{start['first']:.1f} MB** (target: at most 150 MB); torch or transformers "
-        f"files mapped: {len(heavy)}.", "",
-        "| sessions finished | gateway RSS, MB |", "|---:|---:|", rows, "",
+        f"files mapped: {len(heavy)}.",
+        "",
+        *table(
+            [
+                {"sessions finished": f"{n:,}", "gateway RSS, MB": f"{mb:.1f}"}
+                for n, mb in sorted(rss.items())
+            ],
+            "rr",
+        ),
+        "",
         f"RSS after {args.sessions:,} sessions: **{last:.1f} MB** (target: at most 150 MB); "
-        f"/ after {args.first:,}: **{last / first:.3f}x** (target: within 10%).", "", END,
-    ])  # fmt: skip
+        f"/ after {args.first:,}: **{last / first:.3f}x** (target: within 10%).",
+    ]
+    return section("rss", "bench/rss.py", lines)
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -121,39 +123,30 @@ async def main_async(args: argparse.Namespace) -> int:
     children = Children(work, checkout_env())
     admin = "adm-" + secrets.token_hex(16)
     port = free_port()
-    argv = [TURNSTILE, "serve", "--port", str(port),
-            "--database", str(work / "gateway.db"), "--admin-key", admin]  # fmt: skip
+    argv = [TURNSTILE, "serve", "--port", str(port), "--database", str(work / "gateway.db"),
+            "--admin-key", admin, "--engine", "fake"]  # fmt: skip
     try:
         if args.engine == "external":
-            argv += [
-                "--engine",
-                "sglang",
-                "--engine-url",
-                engine_server.start(children, *answer_ids()),
-            ]
-        else:
-            argv += ["--engine", "fake"]
+            url = engine_server.start(children, *engine_server.answer_ids())
+            argv[-1:] = ["sglang", "--engine-url", url]  # instead of "fake"
         server = children.start("gateway", argv, f"http://127.0.0.1:{port}/healthz")
         url = f"http://127.0.0.1:{port}/v1"
-        start = {"ready": server.proc.memory_info().rss / 2**20}
+        start = {"ready": rss_mb(server)}
         async with aiohttp.ClientSession() as http:
             await one_session(http, url, admin, -1, args.turns)
-        start["first"] = server.proc.memory_info().rss / 2**20
+        start["first"] = rss_mb(server)
         heavy = heavy_files(server)
         print(f"ready {start['ready']:.1f} MB, after one session {start['first']:.1f} MB; "
               f"torch/transformers files mapped: {heavy or 'none'}", flush=True)  # fmt: skip
-        checkpoints = sorted(
-            {args.first, args.sessions, *range(0, args.sessions + 1, args.every)} - {0}
-        )
-        rss = await drive(server, url, admin, args.sessions, args.turns, args.concurrency,
-                          checkpoints)  # fmt: skip
+        every = range(args.every, args.sessions + 1, args.every)
+        rss = await drive(server, url, admin, args, {args.first, args.sessions, *every})
     finally:
         children.stop_all()
     shutil.rmtree(work, ignore_errors=True)  # the store of 20,000 sessions (kept on a crash)
     ratio = rss[args.sessions] / rss[args.first]
     print(f"RSS {args.sessions} / {args.first} sessions: {ratio:.3f}x")
     if args.write_docs:
-        write_section(DOC, section(args, start, heavy, rss), BEGIN, END)
+        write_section(doc_section(args, start, heavy, rss))
     small = args.engine != "external" or (
         max(start["first"], rss[args.sessions]) <= 150 and not heavy
     )

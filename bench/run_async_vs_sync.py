@@ -16,20 +16,13 @@ runs/bench/async_vs_sync.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.report import write_section
-
-REPO = Path(__file__).resolve().parent.parent
-BEGIN = "<!-- BEGIN async-vs-sync (written by bench/run_async_vs_sync.py) -->"
-END = "<!-- END async-vs-sync -->"
+from bench.report import ROOT, measured_on, section, table, write_section
 
 
 def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
@@ -40,7 +33,7 @@ def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
         "tensorboard=false", "checkpoint_every=0",
     ]  # fmt: skip
     started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
@@ -67,36 +60,32 @@ def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
     }
 
 
-def section(results: list[dict], steps: int) -> str:
+COLUMNS = {  # the table's header: how a run's figures show in it
+    "run": "{mode}",
+    "max_staleness": "{max_staleness}",
+    "whole run (s)": "{wall_s:.0f}",
+    "training loop (s)": "{loop_s:.0f}",
+    "s/step after the first": "{step_s:.1f}",
+    "waiting for rollouts (s/step)": "{rollout_wait_s:.1f}",
+    "DeepSpeed step (s/step)": "{train_s:.1f}",
+    "mean staleness": "{staleness_mean:.2f}",
+    "mean reward": "{reward_mean:.3f}",
+}
+
+
+def doc_section(results: list[dict], steps: int) -> str:
     sync, asyn = results
-    speedup = sync["loop_s"] / asyn["loop_s"]
+    rows = [{head: cell.format(**r) for head, cell in COLUMNS.items()} for r in results]
     lines = [
-        BEGIN,
+        f"{measured_on()}, no GPU: {steps} steps of agents/math_multi_turn.yaml each (8 "
+        "prompts x 4 runs a step, SmolLM2-135M, embedded engine, DeepSpeed ZeRO-0).",
         "",
-        f"Measured {dt.date.today()} on {platform.machine()} with {os.cpu_count()} cores "
-        f"(no GPU): {steps} steps of agents/math_multi_turn.yaml each "
-        "(8 prompts x 4 runs a step, SmolLM2-135M, embedded engine, DeepSpeed ZeRO-0).",
+        *table(rows, "l" * len(COLUMNS)),
         "",
-        "| run | max_staleness | whole run (s) | training loop (s) | s/step after the first "
-        "| waiting for rollouts (s/step) | DeepSpeed step (s/step) | mean staleness "
-        "| mean reward |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['mode']} | {r['max_staleness']} | {r['wall_s']:.0f} | {r['loop_s']:.0f} "
-            f"| {r['step_s']:.1f} | {r['rollout_wait_s']:.1f} | {r['train_s']:.1f} "
-            f"| {r['staleness_mean']:.2f} | {r['reward_mean']:.3f} |"
-        )
-    lines += [
-        "",
-        f"Async over sync, training loop: {speedup:.2f}x "
+        f"Async over sync, training loop: {sync['loop_s'] / asyn['loop_s']:.2f}x "
         f"({sync['loop_s']:.0f} s -> {asyn['loop_s']:.0f} s).",
-        "",
-        END,
-        "",
     ]
-    return "\n".join(lines)
+    return section("async-vs-sync", "bench/run_async_vs_sync.py", lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/bench/async_vs_sync")
     p.add_argument("--doc", default="docs/benchmarks.md")
     args = p.parse_args(argv)
-    out = REPO / args.out
+    out = ROOT / args.out
     results = [run("sync", 0, args.steps, out), run("async", 1, args.steps, out)]
     (out.parent / "async_vs_sync.json").write_text(json.dumps(results, indent=2))
-    text = section(results, args.steps)
-    write_section(REPO / args.doc, text, BEGIN, END)
+    text = doc_section(results, args.steps)
+    write_section(text, ROOT / args.doc)
     print(text)
     return 0
 

@@ -20,26 +20,15 @@ every sequence in full (its own section of docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import random
-import statistics
-import time
-from pathlib import Path
 
 import torch
 
-from bench.report import cpu_name, write_section
+from bench.report import alternate, measured_on, medians, section, table, write_section
 
 os.environ.setdefault("MASTER_PORT", "29541")
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN trainer-step (written by bench/trainer_step.py) -->"
-END = "<!-- END trainer-step -->"
-
-
-BEGIN_SHARED = "<!-- BEGIN trainer-step-shared (written by bench/trainer_step.py --group) -->"
-END_SHARED = "<!-- END trainer-step-shared -->"
 
 
 def samples(n_seqs: int, tokens: int, seed: int = 0, group: int = 1) -> list[dict]:
@@ -120,68 +109,57 @@ def main() -> None:
         cfg = TrainConfig(lr=1e-6, micro_batch_tokens=args.seqs * args.tokens, share_prefixes=share)
         actor = PPOActor(DeepSpeedEngine(model_dir, cfg), cfg)
         steps[name] = lambda actor=actor: actor.train(pad_sequences(to_sequences(episodes)), 0)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    order = list(steps)
-    for r in range(args.rounds + 1):
-        for name in order if r % 2 == 0 else order[::-1]:
-            t0 = time.perf_counter()
-            steps[name]()
-            if r:  # round 0 warms up
-                times[name].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    result = {
+    times = alternate(steps, args.rounds)
+    med = medians(times)
+    result: dict = {
         "tokens": args.seqs * args.tokens,
-        "trainer_step_s": round(med["trainer"], 2),
-        "bare_step_s": round(med["bare"], 2),
         "ratio": round(med["trainer"] / med["bare"], 3),
-        "trainer_steps": [round(t, 2) for t in times["trainer"]],
-        "bare_steps": [round(t, 2) for t in times["bare"]],
     }
+    for name, ts in times.items():
+        result[f"{name}_step_s"] = round(med[name], 2)
+        result[f"{name}_steps"] = [round(t, 2) for t in ts]
     if "unshared" in med:
-        result["unshared_step_s"] = round(med["unshared"], 2)
-        result["unshared_steps"] = [round(t, 2) for t in times["unshared"]]
         result["speedup"] = round(med["unshared"] / med["trainer"], 3)
     print(json.dumps(result))
     if args.write_docs:
-        begin, end = (BEGIN_SHARED, END_SHARED) if args.group > 1 else (BEGIN, END)
-        write_section(DOC, doc_section(args, result, begin, end), begin, end)
+        write_section(doc_section(args, result))
 
 
-def doc_section(args: argparse.Namespace, result: dict, begin: str, end: str) -> str:
-    """The figures between `begin` and `end`: the plain comparison, or with `--group`
-    the shared-prompt one."""
-    cpu = cpu_name()
-    shared_by = f", prompts shared by {args.group}" if args.group > 1 else ""
-    command = (
-        f"`python -m bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
-        f"{args.tokens}{f' --group {args.group}' if args.group > 1 else ''}`"
-    )
-    head = [
-        f"Measured {dt.date.today()} on {os.cpu_count()} cores ({cpu}), torch "
-        f"{torch.__version__}, {torch.get_num_threads()} threads: {command}, "
-        f"{result['tokens']} tokens per step before sharing, median of {args.rounds} "
-        "alternating rounds.", "",
-        "| step | median s | each round s |", "|---|---:|---|",
-        f"| trainer (PPOActor + DeepSpeed){shared_by} | {result['trainer_step_s']} | "
-        f"{result['trainer_steps']} |",
-    ]  # fmt: skip
-    if args.group > 1:
-        head.append(
-            f"| trainer, every sequence in full | {result['unshared_step_s']} | "
-            f"{result['unshared_steps']} |"
-        )
-    head.append(
-        f"| bare PyTorch fwd+bwd+AdamW | {result['bare_step_s']} | {result['bare_steps']} |"
-    )
-    if args.group > 1:
-        tail = [
+def doc_section(args: argparse.Namespace, result: dict) -> str:
+    """The plain comparison, or with `--group` the shared-prompt one: each its own section."""
+    group = f" --group {args.group}" if args.group > 1 else ""
+    shared = f", prompts shared by {args.group}" if group else ""
+    labels = {
+        "trainer": f"trainer (PPOActor + DeepSpeed){shared}",
+        "unshared": "trainer, every sequence in full",
+        "bare": "bare PyTorch fwd+bwd+AdamW",
+    }
+    rows = [
+        {"step": label, "median s": result[f"{k}_step_s"], "each round s": result[f"{k}_steps"]}
+        for k, label in labels.items()
+        if f"{k}_step_s" in result
+    ]
+    if group:
+        verdict = (
             f"Sharing the prompt: **{result['speedup']:.2f}x** faster than packing every "
             f"sequence in full; **{result['ratio']:.2f}x** the bare step's time over all "
-            "the tokens.",
-        ]
+            "the tokens."
+        )
     else:
-        tail = [f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x)."]
-    return "\n".join([begin, "", *head, "", *tail, "", end])
+        verdict = f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x)."
+    lines = [
+        f"{measured_on()}, torch {torch.__version__}, {torch.get_num_threads()} threads: "
+        f"`python -m bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
+        f"{args.tokens}{group}`, {result['tokens']} tokens per step before sharing, median "
+        f"of {args.rounds} alternating rounds.",
+        "",
+        *table(rows, "lrl"),
+        "",
+        verdict,
+    ]
+    if group:
+        return section("trainer-step-shared", "bench/trainer_step.py --group", lines)
+    return section("trainer-step", "bench/trainer_step.py", lines)
 
 
 if __name__ == "__main__":

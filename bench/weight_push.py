@@ -19,25 +19,20 @@ It writes its section of docs/benchmarks.md (between markers) unless --no-docs.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import torch
 
-from bench.report import cpu_name, write_section
+from bench.report import alternate, measured_on, medians, section, table, write_section
 from gateway.inference.model_source import load_causal_lm, resolve_model_dir
 from trainer.backend.weight_push import WeightPush, gateway_root
-
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN weight-push (written by bench/weight_push.py) -->"
-END = "<!-- END weight-push -->"
 
 
 @contextmanager
@@ -74,14 +69,12 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
     nbytes = sum(t.numel() * t.element_size() for k, t in state.items() if k != "lm_head.weight")
     work = Path(tempfile.mkdtemp(prefix="weight-push-"))
     gateway = vllm_gateway(work, vllm_url) if vllm_url else embedded_gateway(work)
-    times: dict[str, list[float]] = {"push": [], "disk": [], "disk_write": []}
+    writes: list[float] = []
     try:
         with gateway as (url, admin_key), httpx.Client(timeout=900) as http:
+            weights, auth = f"{gateway_root(url)}/admin/weights", f"Bearer {admin_key}"
             version = int(
-                http.get(
-                    f"{gateway_root(url)}/admin/weights",
-                    headers={"Authorization": f"Bearer {admin_key}"},
-                ).json()["policy_version"]
+                http.get(weights, headers={"Authorization": auth}).json()["policy_version"]
             )
             with WeightPush([url], admin_key) as pusher:
                 version += 1
@@ -90,9 +83,7 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
                 def push() -> None:
                     nonlocal version
                     version += 1
-                    t0 = time.perf_counter()
                     pusher.push(version, state)
-                    times["push"].append(time.perf_counter() - t0)
 
                 def disk() -> None:
                     nonlocal version
@@ -100,77 +91,47 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
                     folder = work / f"v{version}"
                     t0 = time.perf_counter()
                     model.save_pretrained(folder, state_dict=state)
-                    written = time.perf_counter()
-                    r = http.post(
-                        f"{gateway_root(url)}/admin/weights",
-                        headers={"Authorization": f"Bearer {admin_key}"},
-                        json={"version": version, "path": str(folder)},
-                    )
-                    r.raise_for_status()
-                    times["disk"].append(time.perf_counter() - t0)
-                    times["disk_write"].append(written - t0)
+                    writes.append(time.perf_counter() - t0)
+                    body = {"version": version, "path": str(folder)}
+                    http.post(
+                        weights, headers={"Authorization": auth}, json=body
+                    ).raise_for_status()
                     shutil.rmtree(folder, ignore_errors=True)
 
-                order: list[Callable[[], None]] = [push, disk]
-                for i in range(rounds):
-                    for step in order if i % 2 == 0 else order[::-1]:
-                        step()
-                        print(f"round {i + 1}: {step.__name__} {times[step.__name__][-1]:.2f} s")
+                med = medians(alternate({"push": push, "disk": disk}, rounds, warm_up=False))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
         "mib": nbytes / 2**20,
         "first_push_s": first.seconds,
         "join_s": first.join_s,
-        "push_s": statistics.median(times["push"]),
-        "disk_s": statistics.median(times["disk"]),
-        "disk_write_s": statistics.median(times["disk_write"]),
+        "push_s": med["push"],
+        "disk_s": med["disk"],
+        "disk_write_s": statistics.median(writes),
     }
 
 
-def section(embedded: dict[str, float], vllm: dict[str, float] | None, rounds: int) -> str:
-    day = dt.date.today().isoformat()
+def doc_section(results: dict[str, dict[str, float]], rounds: int) -> str:
+    rows = [
+        {
+            "engine": name,
+            "push": f"{r['push_s']:.2f} s",
+            "disk (of which writing)": f"{r['disk_s']:.2f} s ({r['disk_write_s']:.2f} s)",
+            "disk / push": f"{r['disk_s'] / r['push_s']:.1f}x",
+            "first push (forming the group)": f"{r['first_push_s']:.2f} s ({r['join_s']:.2f} s)",
+        }
+        for name, r in results.items()
+    ]
+    mib = next(iter(results.values()))["mib"]
     lines = [
-        BEGIN,
-        "## A weight push against the disk path",
+        f"{measured_on()}, busy with other runs; median of {rounds} rounds each, alternating "
+        "(`python -m bench.weight_push --vllm-url URL`, vLLM started as deploy/vllm/ starts "
+        f"it). SmolLM2-135M in fp32, {mib:.0f} MiB sent once (the tied `lm_head.weight` is "
+        "the embedding).",
         "",
-        f"Measured {day} on the 2-core {cpu_name()} dev machine, busy with two background",
-        f"training runs and other engineers' tests; median of {rounds} rounds each,",
-        "alternating (`python -m bench.weight_push --vllm-url URL`, vLLM started as",
-        "deploy/vllm/ starts it). SmolLM2-135M in fp32, "
-        f"{embedded['mib']:.0f} MiB sent once (the tied",
-        "`lm_head.weight` is the embedding).",
-        "Push: trainer rank 0 broadcasts over gloo on loopback, the engine loads what",
-        "arrives. Disk: `save_pretrained` to a folder, then `POST /admin/weights` and the",
-        "engine's load of that folder. Each ends when the engine serves the new version.",
-        "",
-        "| engine | push | disk (of which writing) | disk / push | first push (forming the group) |",
-        "|---|---|---|---|---|",
+        *table(rows, "lllll"),
     ]
-    for name, r in (("embedded, gateway in its own process", embedded), ("vLLM CPU", vllm)):
-        if r is None:
-            continue
-        lines.append(
-            f"| {name} | {r['push_s']:.2f} s | {r['disk_s']:.2f} s ({r['disk_write_s']:.2f} s) "
-            f"| {r['disk_s'] / r['push_s']:.1f}x | {r['first_push_s']:.2f} s "
-            f"({r['join_s']:.2f} s) |"
-        )
-    lines += [
-        "",
-        "On one machine the folder never leaves the page cache, so the disk path costs",
-        "about its write: as much as the push for the embedded engine, 1.5x it for vLLM,",
-        "whose reload from a folder is slower than its load of pushed tensors. The push's",
-        "case is past one machine, where a folder needs a shared filesystem and every",
-        "engine reads it over the network; that is not measured here.",
-        "",
-        "NCCL between GPUs is not measured: one GPU was lent, once, and NCCL refuses two",
-        "ranks on one device. On that GPU (an H200) bench/gpu_check.sh moved a",
-        "Qwen3-0.6B-shaped model's 1137 MiB of bf16 between two processes by CUDA IPC in",
-        "0.027 s (first push 0.067 s), and through the trainer's own group (gloo, staged",
-        "through host memory, its choice for ranks sharing a GPU) in 0.50 s: docs/scaling.md.",
-        END,
-    ]
-    return "\n".join(lines) + "\n"
+    return section("weight-push", "bench/weight_push.py", lines)
 
 
 def main() -> None:
@@ -180,13 +141,12 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    embedded = run(args.rounds, None)
-    print("embedded:", embedded)
-    vllm = run(args.rounds, args.vllm_url) if args.vllm_url else None
-    if vllm:
-        print("vllm:", vllm)
+    results = {"embedded, gateway in its own process": run(args.rounds, None)}
+    if args.vllm_url:
+        results["vLLM CPU"] = run(args.rounds, args.vllm_url)
+    print(results)
     if not args.no_docs:
-        write_section(DOC, section(embedded, vllm, args.rounds), BEGIN, END)
+        write_section(doc_section(results, args.rounds))
 
 
 if __name__ == "__main__":
