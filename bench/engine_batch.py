@@ -1,14 +1,10 @@
-"""The embedded engine on a rollout-shaped batch: shared-prefix prefill on and off.
+"""The embedded engine on the demo's first-turn batch: shared-prefix prefill on and off.
 
-The demo's (and most agents') requests share a system prompt; each batch used to
-prefill it once per row, which was most of a rollout's time on CPU. This runs the same
-batch through two engines in one process, alternating which goes first each round so
-that the machine's background load hits both alike, and reports the ratio of medians.
-The prompts are real SmolLM2 chat-template renders of the demo's system prompt and
-its arithmetic problems; sampling is the demo's (temperature 0.7, 48 new tokens).
+The demo's requests share a system prompt, which a batch used to prefill once per row.
+Both engines run in one process, on real SmolLM2 chat-template renders, with the demo's
+sampling (temperature 0.7, 48 new tokens).
 
-Usage: .venv/bin/python -m bench.engine_batch [--rounds 3] [--rows 32]
-It writes its section of docs/benchmarks.md (between markers) unless --no-docs.
+    .venv/bin/python -m bench.engine_batch [--rounds 3] [--rows 32] [--no-docs]
 """
 
 from __future__ import annotations

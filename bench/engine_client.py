@@ -1,11 +1,9 @@
 """CPU per request of the HTTP clients an engine client could use: httpx, aiohttp, and
 the gateway's own (gateway/inference/http_client.py).
 
-Each turn the gateway serves from an external engine is one POST of ~600 prompt ids to
-`/generate`, so the client's own CPU is paid per turn. This starts bench/engine_server.py
-in its own process and sends the same body through each client in turn (alternating
-rounds, the machine's speed drifts), measuring this process's CPU time per request on
-uvloop, the loop the gateway runs on.
+Each turn the gateway serves from an external engine is one POST of ~600 prompt ids, so
+the client's CPU is paid per turn. The same body goes to bench/engine_server.py through
+each client in alternating rounds, on uvloop (the gateway's loop).
 
     python -m bench.engine_client          # ~30 s
 """

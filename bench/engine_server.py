@@ -1,11 +1,9 @@
-"""An inference engine that answers instantly, in its own process: the benchmark's upstream.
+"""An inference engine that answers instantly, in its own process: the benchmarks' upstream.
 
-It speaks the two protocols the benchmark's paths use, with the same answer in both:
-SGLang's native `POST /generate` (what `turnstile serve --engine sglang` calls, with
-output token logprobs) and OpenAI's `POST /v1/chat/completions` (what the pass-through
-proxy forwards to, with `logprobs.content` when asked). The answer is a fixed list of
-real SmolLM2 token ids ending in the stop token, so the gateway detokenises real text.
-It parses every body, as a real server must, and does nothing else.
+The same answer (real SmolLM2 token ids ending in the stop token, so the gateway
+detokenises real text) over SGLang's `POST /generate`, with output logprobs, and OpenAI's
+`POST /v1/chat/completions`, with `logprobs.content` when asked. It parses every body, as
+a real server must, and does nothing else.
 
     python -m bench.engine_server --port 18100 --ids 504,3365,... --text "..." --eos 2
 """

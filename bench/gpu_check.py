@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.report import alternate, medians  # noqa: E402
 from gateway.inference.weight_broadcast import (  # noqa: E402
     GroupSpec,
     Manifest,
@@ -106,39 +107,37 @@ def token_batch(seqs: int, tokens: int) -> list[list[int]]:
 
 
 # ---- 1. the weight push ------------------------------------------------------------------
+def checksum(params: dict[str, torch.Tensor]) -> float:
+    return float(sum(p.detach().double().sum() for p in params.values()))
+
+
 def _engine_process(
     transport: str, shape: dict[str, Any], dtype: torch.dtype, device: str, inbox: Any, outbox: Any
 ) -> None:
     """The receiving side: its own model; takes each push and answers a checksum."""
-    model = build_model(shape, dtype, device)
-    params = dict(model.named_parameters())
+    params = dict(build_model(shape, dtype, device).named_parameters())
     outbox.put("ready")
     try:
-        _take_pushes(transport, device, params, inbox, outbox)
-    except Exception as exc:  # the trainer side reports it, instead of waiting it out
-        outbox.put(f"engine failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-
-
-def _take_pushes(transport: str, device: str, params: dict, inbox: Any, outbox: Any) -> None:
-    while (msg := inbox.get()) is not None:
-        if transport == "ipc":
-            tensors = msg  # CUDA tensors, mapped from the trainer's memory by IPC handles
+        while (msg := inbox.get()) is not None:
+            group = None
+            if transport == "ipc":  # CUDA tensors, mapped from the trainer's memory by IPC
+                tensors = msg.items()
+            else:
+                spec, manifest, rank = msg
+                group = open_group(GroupSpec.from_json(spec), rank, device)
+                tensors = receive(group, Manifest.from_json(manifest), device)
             with torch.no_grad():
-                for name, t in tensors.items():
-                    params[name].copy_(t)
-            torch.cuda.synchronize()
-            del tensors
-        else:
-            spec, manifest, rank = msg
-            group = open_group(GroupSpec.from_json(spec), rank, device)
-            with torch.no_grad():
-                for name, t in receive(group, Manifest.from_json(manifest), device):
+                for name, t in tensors:
                     if name in params:
                         params[name].copy_(t)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            group.shutdown()
-        outbox.put(float(sum(p.detach().double().sum() for p in params.values())))
+            if group is not None:
+                group.shutdown()
+            del msg, tensors  # an IPC mapping is released with its last reference
+            outbox.put(checksum(params))
+    except Exception as exc:  # the trainer side reports it, instead of waiting it out
+        outbox.put(f"engine failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
 def weight_push(
@@ -163,8 +162,8 @@ def weight_push(
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.01)  # the trainer's weights differ from the engine's start
-        named = {k: v for k, v in model.named_parameters()}
-        expected = float(sum(p.detach().double().sum() for p in named.values()))
+        named = dict(model.named_parameters())
+        expected = checksum(named)
         manifest, tensors = Manifest.of(named)
         assert outbox.get(timeout=wait_s) == "ready"
         times = []
@@ -241,10 +240,13 @@ def training_step(
     bare_opt = torch.optim.AdamW(bare.parameters(), lr=lr)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and device != "cpu")
 
+    sync = torch.cuda.synchronize if device != "cpu" else lambda: None
+
     def ds_step() -> None:
         loss = _loss(engine, ids, pos)
         engine.backward(loss)
         engine.step()
+        sync()  # timed to the end of its GPU work
 
     def bare_step() -> None:
         with autocast:
@@ -253,22 +255,11 @@ def training_step(
         torch.nn.utils.clip_grad_norm_(bare.parameters(), 1.0)
         bare_opt.step()
         bare_opt.zero_grad(set_to_none=True)
+        sync()
 
-    steps = {"deepspeed": ds_step, "bare": bare_step}
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    order = list(steps)
-    for r in range(rounds + 1):  # round 0 warms up
-        for name in order if r % 2 == 0 else order[::-1]:
-            if device != "cpu":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            steps[name]()
-            if device != "cpu":
-                torch.cuda.synchronize()
-            if r:
-                times[name].append(time.perf_counter() - t0)
+    times = alternate({"deepspeed": ds_step, "bare": bare_step}, rounds)
     tokens = ids.numel()
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     return {
         "tokens": tokens,
         "deepspeed_tokens_per_s": tokens / med["deepspeed"],

@@ -1,33 +1,13 @@
-"""The gateway's hot path, measured where users run it: behind an external engine process.
-
-One run, everything on 127.0.0.1:
-  1. bench/engine_server.py starts as its own process: an engine that answers instantly,
-     with real SmolLM2 token ids and logprobs, over SGLang's `/generate` and OpenAI's
-     chat API;
-  2. two servers start pinned to core 0 (`taskset -c 0`), side by side:
-     - *pass-through*: bench/passthrough.py, a naive FastAPI + httpx proxy to the
-       engine's chat API that records nothing: the reference;
-     - *gateway*: `turnstile serve --engine sglang --engine-url ENGINE`: renders,
-       tokenises, links turns and durably records every completion;
-  3. the load generator (bench/load.py, aiohttp) and the engine share core 1. Agents run
-     4-turn sessions with a ~1.7 kB system prompt, ~300-char user turns, `logprobs: true`
-     and `max_tokens` 64; the engine answers 32 tokens. Levels: 1 and 16 sessions;
-  4. each level runs through the pass-through, then the gateway, and the whole set
-     `--rounds` times (3), so both see the machine's speed drift alike; CPU per answered
-     request is the server's CPU time (from the scheduler) over its runs, pooled. The
-     ratio gateway / pass-through is the figure to watch, since this machine's speed
-     varies from day to day;
-  5. `--profile` samples the gateway with py-spy under the largest level and sums the
-     samples by the library that owns the innermost known frame;
-  6. the gateway is killed with SIGKILL and every 200 is looked up in its store;
-  7. its section of docs/benchmarks.md is rewritten between markers.
-
-`--also DIR` measures the gateway of another checkout too (`git worktree add DIR COMMIT`),
-in the same rounds, to compare a change where the machine's speed cannot move the answer.
+"""The gateway's hot path behind an external engine process, against a naive pass-through
+proxy in the same rounds (the machine's speed drifts: their ratio is the figure). The
+method and the figures: docs/benchmarks.md, whose sections this run rewrites.
 
     python -m bench.hot_path              # ~1 min on 2 cores; --long: ~2 min
     python -m bench.hot_path --profile    # needs `pip install py-spy`
     python -m bench.hot_path --also /tmp/before --no-docs   # this gateway vs another's
+
+`--also DIR` measures the gateway of another checkout too (`git worktree add DIR COMMIT`)
+in the same rounds, to compare a change where the machine's speed cannot move the answer.
 """
 
 from __future__ import annotations
@@ -35,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import datetime as dt
 import json
 import os
@@ -47,8 +26,8 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -88,57 +67,42 @@ OWNERS = {
 
 
 @dataclass
-class LongRun:
-    path: str
-    result: LevelResult
-    cpu_ms: list[float]  # per turn: server CPU per request
-    rss: int
-
-    def buckets(self) -> dict[str, float]:
-        n = len(self.cpu_ms)
-        spans = [(0, 8), (n // 2 - 8, n // 2), (n - 8, n)] if n >= 24 else [(0, n)]
-        return {f"{a + 1}-{b}": sum(self.cpu_ms[a:b]) / (b - a) for a, b in spans}
-
-
-@dataclass
 class Run:
+    """A path at a level: its requests, its server's CPU, and (long sessions) that CPU
+    per request turn by turn and its RSS after."""
+
     path: str
     result: LevelResult
     cpu_s: float
+    turn_cpu_ms: list[float] = field(default_factory=list)
+    rss: int = 0
 
     @property
     def cpu_ms(self) -> float:
         return 1000.0 * self.cpu_s / self.result.ok if self.result.ok else float("nan")
 
+    def buckets(self) -> dict[str, float]:
+        """Mean CPU ms per request over the first, middle and last 8 turns."""
+        n, cpu = len(self.turn_cpu_ms), self.turn_cpu_ms
+        spans = [(0, 8), (n // 2 - 8, n // 2), (n - 8, n)] if n >= 24 else [(0, n)]
+        return {f"{a + 1}-{b}": sum(cpu[a:b]) / (b - a) for a, b in spans}
+
 
 def pooled(runs: list[Run]) -> list[Run]:
-    """One run per (path, sessions): the rounds' requests, latencies and CPU together."""
-    out: dict[tuple[str, int], Run] = {}
-    for r in runs:
-        key = (r.path, r.result.concurrency)
-        if key not in out:
-            res = r.result
-            out[key] = Run(r.path, LevelResult(res.target, res.concurrency, res.turns), 0.0)
-        acc = out[key]
-        acc.cpu_s += r.cpu_s
-        acc.result.wall_s += r.result.wall_s
-        acc.result.latencies_ms += r.result.latencies_ms
-        acc.result.statuses.update(r.result.statuses)
-        acc.result.errors += r.result.errors
-        acc.result.records += r.result.records
-    return list(out.values())
-
-
-def pooled_long(runs: list[LongRun]) -> list[LongRun]:
-    """One long run per (path, sessions): CPU per request averaged turn by turn."""
-    groups: dict[tuple[str, int], list[LongRun]] = {}
+    """One run per (path, sessions): the rounds' requests and CPU together, and CPU per
+    request averaged turn by turn."""
+    groups: dict[tuple[str, int], list[Run]] = {}
     for r in runs:
         groups.setdefault((r.path, r.result.concurrency), []).append(r)
     out = []
     for group in groups.values():
-        turns = min(len(r.cpu_ms) for r in group)
-        cpu = [sum(r.cpu_ms[t] for r in group) / len(group) for t in range(turns)]
-        out.append(LongRun(group[0].path, group[-1].result, cpu, group[-1].rss))
+        first, last = group[0].result, group[-1]
+        result = LevelResult(first.target, first.concurrency, first.turns)
+        for r in group:
+            result.add(r.result)
+        turns = min(len(r.turn_cpu_ms) for r in group)
+        cpu = [sum(r.turn_cpu_ms[t] for r in group) / len(group) for t in range(turns)]
+        out.append(Run(last.path, result, sum(r.cpu_s for r in group), cpu, last.rss))
     return out
 
 
@@ -231,7 +195,7 @@ class Bench:
         self.runs: list[Run] = []
         self.profile: list[str] = []
         self.long_profile: list[str] = []
-        self.long: list[LongRun] = []
+        self.long: list[Run] = []
 
     def pin(self, core: int) -> list[str]:
         """The prefix that pins a child to `core`, where this machine allows it."""
@@ -277,20 +241,18 @@ class Bench:
                     for path, server, url in servers:
                         self.long.append(await self.long_run(server, path, url, sessions))
         path, server, url = servers[-1]  # the gateway, sampled apart from the figures
+        top = max(self.args.levels)
         if self.args.profile:
-            with self.sampled(server, "profile.txt") as raw:
-                await self.measure(server, path, url, max(self.args.levels))
-            self.profile = profile_table(raw)
-            if self.args.long:
-                with self.sampled(server, "profile-long.txt") as raw:
-                    await self.long_run(server, path, url, max(self.args.levels))
-                self.long_profile = profile_table(raw)
-        self.runs, self.long = pooled(self.runs), pooled_long(self.long)
+            self.profile = await self.sampled(server, "", self.measure(server, path, url, top))
+        if self.args.profile and self.args.long:
+            long = self.long_run(server, path, url, top)
+            self.long_profile = await self.sampled(server, "-long", long)
+        self.runs, self.long = pooled(self.runs), pooled(self.long)
 
-    @contextlib.contextmanager
-    def sampled(self, server: Child, name: str) -> Iterator[Path]:
-        """py-spy samples `server` while the block runs; its raw stacks stay in runs/bench/."""
-        raw = ROOT / "runs" / "bench" / name
+    async def sampled(self, server: Child, name: str, work: Awaitable[Run]) -> list[str]:
+        """py-spy's samples of `server` while `work` runs, summed by library; its raw
+        stacks stay in runs/bench/profile{name}.txt."""
+        raw = ROOT / "runs" / "bench" / f"profile{name}.txt"
         raw.parent.mkdir(parents=True, exist_ok=True)
         # py-spy from PATH, else beside this interpreter (a venv that is not activated)
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -301,12 +263,13 @@ class Bench:
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            yield raw
+            await work
         finally:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT, not SIGTERM
             spy.wait(timeout=60)
+        return profile_table(raw)
 
-    async def long_run(self, server: Child, path: str, url: str, sessions: int) -> LongRun:
+    async def long_run(self, server: Child, path: str, url: str, sessions: int) -> Run:
         """`--long-turns`-turn sessions in lockstep; CPU per request read after each turn."""
         convs = await self.conversations_for(path, url, sessions)
         cpu_ms: list[float] = []
@@ -321,7 +284,7 @@ class Bench:
             url, convs, self.args.long_turns, on_turn, first_conversation=self.conversations
         )
         self.ran(path, sessions, res)
-        run = LongRun(path, res, cpu_ms, server.proc.memory_info().rss)
+        run = Run(path, res, 0.0, cpu_ms, server.proc.memory_info().rss)
         print(f"{sessions:>3} long sessions {path:<13} {res.ok:>5} ok  CPU ms/req by turns: "
               + ", ".join(f"{k} {v:.2f}" for k, v in run.buckets().items()))  # fmt: skip
         return run
@@ -353,9 +316,9 @@ class Bench:
         await self.interleaved(paths)
         proxy.stop()
         gateway.kill_hard()
-        store = check_store(db, self.records)
-        print(store.describe())
-        section = self.short_section(store.describe())
+        store_ok, store = check_store(db, self.records)
+        print(store)
+        section = self.short_section(store)
         (ROOT / "runs" / "bench").mkdir(parents=True, exist_ok=True)
         (ROOT / "runs" / "bench" / "hot_path.json").write_text(
             json.dumps([r.result.summary() | {"cpu_ms": r.cpu_ms} for r in self.runs], indent=1)
@@ -364,8 +327,8 @@ class Bench:
         for r in [*self.runs, *self.long]:
             for error in r.result.errors[:2]:
                 print(f"{r.path}, {r.result.concurrency} sessions: {error}")
-        if failed or not store.ok:
-            print(f"FAIL: {failed} failed requests; store check ok={store.ok}; docs untouched")
+        if failed or not store_ok:
+            print(f"FAIL: {failed} failed requests; store check ok={store_ok}; docs untouched")
             return 1
         sections = [section, self.long_section(db)] if self.long else [section]
         for text in sections:

@@ -1,12 +1,9 @@
-"""Load generator: N concurrent agents, each running multi-turn chats, non-streaming.
+"""Load generator: concurrent agents running multi-turn chats, non-streaming.
 
-Every agent runs conversations back to back. A conversation is `turns` chat completions
-in one session: each turn sends the whole history, then appends the assistant's answer
-and a new user message, as an agent does. The same code drives the gateway (a session
-key per conversation) and an engine called directly (no key).
-
-It uses aiohttp: an httpx client tops out near 300 requests/s on one core, which would
-make the load generator the bottleneck (see DESIGN.md, "Targets").
+A conversation is `turns` chat completions in one session, each sending the whole
+history, as an agent does; the same code drives the gateway (a session key per
+conversation) and an engine called directly. aiohttp, since an httpx client tops out
+near 300 requests/s on one core (DESIGN.md, "Targets").
 
     python -m bench.load --url http://127.0.0.1:8000/v1 --admin-key KEY -c 16 -n 4000
 """
@@ -92,6 +89,14 @@ class LevelResult:
 
     def pct(self, q: float) -> float:
         return percentile(self.latencies_ms, q)
+
+    def add(self, other: LevelResult) -> None:
+        """Pool another round's requests into this one's."""
+        self.wall_s += other.wall_s
+        self.latencies_ms += other.latencies_ms
+        self.statuses.update(other.statuses)
+        self.errors += other.errors
+        self.records += other.records
 
     def summary(self) -> dict[str, Any]:
         lat = self.latencies_ms

@@ -1,11 +1,8 @@
-"""A throwaway PostgreSQL server for tests and benchmarks: initdb into a temp dir,
-listen on loopback at a free port, remove everything on stop.
+"""A throwaway PostgreSQL server for tests and benchmarks, on loopback at a free port.
 
-The binaries come from PATH (the machine image ships PostgreSQL 15), else from
-/usr/lib/postgresql/*/bin, else from the `pgserver` wheel if it is installed. PostgreSQL
+Binaries from PATH, else /usr/lib/postgresql/*/bin, else the `pgserver` wheel. PostgreSQL
 refuses to run as root, so under root the cluster belongs to an unprivileged user
-(`nobody` unless TURNSTILE_PG_USER says otherwise) and every server command runs through
-`runuser -u <user>`.
+(`nobody`, or TURNSTILE_PG_USER) and every server command runs through `runuser`.
 """
 
 from __future__ import annotations

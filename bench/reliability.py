@@ -1,16 +1,10 @@
 """Replicas on one PostgreSQL under load and faults: the figures of docs/reliability.md.
 
 Three `turnstile serve --engine fake` replicas share one throwaway PostgreSQL server
-(fsync on). Agents send each request of a session to a random replica, post a reward
-for every answer (twice, through two other replicas, racing the next turns), and
-re-send every fourth turn as a retry to another replica. Scenarios:
-
-- load: `--sessions` x `--turns` x `--runs`; lost records, 5xx, p50/p99, requests/s;
-- kill: one replica SIGKILLed a third of the way in; the others keep serving; it restarts;
-- postgres: the server stopped for `--outage-s` seconds under load, then started again.
-
-After each, every request answered 200 must be in the database under its session with
-its parent and its reward.
+(fsync on), driven by bench/replicas.py's agents. Scenarios: `load`; `kill` (one replica
+SIGKILLed a third of the way in, then restarted); `postgres` (the server stopped for
+`--outage-s` seconds under load). After each, every 200 must be in the database under
+its session with its parent and its reward.
 
     python -m bench.reliability                 # all three, writes docs/reliability.md
     python -m bench.reliability --only load --runs 1 --no-docs

@@ -1,16 +1,11 @@
-"""Gateway memory: how small it starts behind an external engine, and whether it stays flat.
+"""Gateway memory behind an external engine: how small it starts, and whether it stays flat.
 
-Behind an external engine the gateway holds a tokenizer, never a model: no torch, no
-transformers (gateway/chat/tokenizer.py). Target: at most 150 MB of RSS once it has
-answered its first requests, and still after 20,000 sessions: an ended session's state
-leaves the caches (gateway/lru.py), which then hold the live sessions' only, and every
-cache that grows with traffic is bounded, so its RSS should stop growing.
-This starts `turnstile serve --engine sglang` in front of bench/engine_server.py (an
-instant engine in its own process; `--engine fake`: the gateway's in-process fake),
-reads its RSS once ready and after its first session, checks that no torch or
-transformers file is mapped into it, then drives `--sessions` short sessions (create,
-`--turns` chat turns that continue each other, end) and reads RSS at checkpoints.
-Targets: RSS after 20,000 sessions at most 150 MB, within 10% of RSS after 2,000.
+Behind an external engine the gateway holds a tokenizer, never a model (no torch or
+transformers mapped), and an ended session's state leaves its bounded caches
+(gateway/lru.py), so RSS should stop growing. This drives `--sessions` short sessions
+through `turnstile serve` in front of bench/engine_server.py (`--engine fake`: the
+gateway's in-process fake) and reads RSS at checkpoints. Targets: at most 150 MB after
+the first session and after 20,000, within 10% of RSS after 2,000.
 
     python -m bench.rss                  # 20,000 sessions, ~10 min on 2 cores
     python -m bench.rss --sessions 4000 --no-docs

@@ -1,16 +1,11 @@
 """Async (max_staleness 1) against synchronous (0) training: wall-clock on the same run.
 
-Both runs train SmolLM2-135M-Instruct with the demo's multi-turn OpenAI-SDK agent
-(agents/math_multi_turn.yaml) for the same number of steps, on the same data, each as
-its own `turnstile train` process, one after the other. In the synchronous run the
-engine idles while DeepSpeed trains and the trainer idles while agents run; in the
-async run the next batch is collected while the current one trains.
+Both runs train the demo (agents/math_multi_turn.yaml) for the same steps, each as its
+own `turnstile train` process; async collects the next batch while the current one
+trains. Writes its section of docs/benchmarks.md and runs/bench/async_vs_sync.json.
 
     python -m bench.run_async_vs_sync               # ~10 min on 2 cores
     python -m bench.run_async_vs_sync --steps 4     # quicker
-
-It writes its section of docs/benchmarks.md (between markers) and
-runs/bench/async_vs_sync.json.
 """
 
 from __future__ import annotations

@@ -3,51 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import Record
 
 
-@dataclass
-class StoreCheck:
-    answered: int  # 200 responses the agents got from the gateway
-    stored: int  # chat completions in the database
-    missing: list[str] = field(default_factory=list)  # answered ids not in the store
-    wrong_session: list[str] = field(default_factory=list)
-    duplicates: int = 0  # answered ids seen twice by the agents
-    linked: int = 0  # turns > 0 whose parent is the previous turn
-    unlinked: int = 0  # turns > 0 with another (or no) parent
-    tokens_continue: int = 0  # turns > 0 whose prompt tokens continue the parent's
-
-    @property
-    def ok(self) -> bool:
-        return (
-            self.answered == self.stored
-            and not self.missing
-            and not self.wrong_session
-            and not self.duplicates
-        )
-
-    def describe(self) -> str:
-        verdict = "PASS" if self.ok else "FAIL"
-        text = (
-            f"{verdict}: {self.answered} answered (HTTP 200), {self.stored} chat completions "
-            f"in the store, {len(self.missing)} answered ids missing, "
-            f"{len(self.wrong_session)} under the wrong session"
-        )
-        if self.duplicates:
-            text += f", {self.duplicates} ids answered twice"
-        later = self.linked + self.unlinked
-        if later:
-            text += (
-                f"; later turns linked to their parent: {self.linked}/{later}, "
-                f"prompt tokens continue the parent's: {self.tokens_continue}/{later}"
-            )
-        return text
-
-
-def check_store(db_path: Path, records: list[Record]) -> StoreCheck:
+def check_store(db_path: Path, records: list[Record]) -> tuple[bool, str]:
+    """Whether every 200 is stored once, under its session; and the verdict in words,
+    with how many later turns are linked to their parent and continue its tokens."""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         rows = con.execute(
@@ -58,25 +21,28 @@ def check_store(db_path: Path, records: list[Record]) -> StoreCheck:
         con.close()
     stored = {r[0]: r for r in rows}
     ids = [r.response_id for r in records]
-    check = StoreCheck(answered=len(records), stored=len(stored))
-    check.duplicates = len(ids) - len(set(ids))
-    by_turn: dict[tuple[int, int], str] = {}
-    for r in records:
-        row = stored.get(r.response_id)
-        if row is None:
-            check.missing.append(r.response_id)
-            continue
-        if row[1] != r.session_id:
-            check.wrong_session.append(r.response_id)
-        by_turn[(r.conversation, r.turn)] = r.response_id
-    for r in records:
-        if r.turn == 0 or r.response_id not in stored:
-            continue
-        _, _, parent_id, continues = stored[r.response_id]
-        if parent_id is not None and parent_id == by_turn.get((r.conversation, r.turn - 1)):
-            check.linked += 1
-        else:
-            check.unlinked += 1
-        if continues:
-            check.tokens_continue += 1
-    return check
+    duplicates = len(ids) - len(set(ids))
+    missing = sum(i not in stored for i in ids)
+    found = [r for r in records if r.response_id in stored]
+    wrong_session = sum(stored[r.response_id][1] != r.session_id for r in found)
+    by_turn = {(r.conversation, r.turn): r.response_id for r in found}
+    later = [stored[r.response_id] + (r,) for r in found if r.turn > 0]
+    linked = sum(
+        parent is not None and parent == by_turn.get((r.conversation, r.turn - 1))
+        for _, _, parent, _, r in later
+    )
+    ok = len(records) == len(stored) and not (missing or wrong_session or duplicates)
+    text = (
+        f"{'PASS' if ok else 'FAIL'}: {len(records)} answered (HTTP 200), {len(stored)} chat "
+        f"completions in the store, {missing} answered ids missing, {wrong_session} under "
+        "the wrong session"
+    )
+    if duplicates:
+        text += f", {duplicates} ids answered twice"
+    if later:
+        continues = sum(bool(row[3]) for row in later)
+        text += (
+            f"; later turns linked to their parent: {linked}/{len(later)}, "
+            f"prompt tokens continue the parent's: {continues}/{len(later)}"
+        )
+    return ok, text

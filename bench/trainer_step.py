@@ -1,20 +1,13 @@
 """One trainer step against a bare PyTorch fwd+bwd+AdamW step on the same packed tokens.
 
-The trainer's step is the path `turnstile train` runs: `PPOActor.train` (advantages,
-the batch, proximal logprobs when stale) calling `DeepSpeedEngine.train_batch` (packing,
-the registered loss, DeepSpeed's backward and step). The reference is what a person
-would write by hand: the same model in fp32, the same packed sequences with
-`position_ids`, logprobs of the trained tokens only, a policy-gradient loss, backward,
-`torch.optim.AdamW.step()`. Steps alternate (order flipped each round) so that the
-machine's background load hits both alike; the ratio of medians is the figure.
+The trainer's step is what `turnstile train` runs (`PPOActor.train` calling
+`DeepSpeedEngine.train_batch`); the reference is what a person would write by hand:
+the same model in fp32 and packed sequences, logprobs of the trained tokens only, a
+policy-gradient loss, AdamW. `--group N` shapes the batch like a GRPO step instead (each
+N sequences share a prompt of 3/4 of their tokens) and runs the trainer with
+`train.share_prefixes` on and off. Each writes its section of docs/benchmarks.md.
 
-Usage: .venv/bin/python -m bench.trainer_step [--rounds 5] [--seqs 4] [--tokens 256]
-It writes its section of docs/benchmarks.md (between markers) unless --no-docs.
-
-`--group N` (N > 1) shapes the batch like a GRPO step instead: each N sequences share a
-prompt of 3/4 of their tokens (the demo's are ~95 prompt + ~35 answer tokens), and the
-trainer runs twice, with `train.share_prefixes` on and off, beside the bare step over
-every sequence in full (its own section of docs/benchmarks.md).
+    .venv/bin/python -m bench.trainer_step [--rounds 5] [--seqs 4] [--tokens 256] [--no-docs]
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """A weight push of SmolLM2 against the disk path, into a gateway in its own process.
 
-Both ways end the same: the gateway's engine serves the new weights under a new
-version, and the trainer knows it.
-- push: trainer rank 0 broadcasts the state dict over gloo (trainer/backend/
-  weight_push.py); the gateway receives it and loads it between two decode steps;
-- disk: the trainer writes a Hugging Face folder (`save_pretrained`, what
-  `DeepSpeedEngine.save_hf` runs), then `POST /admin/weights` {version, path} makes
-  the gateway load it (`from_pretrained`, then the same swap).
-Rounds alternate (order flipped each round), so the machine's background load hits
-both alike; the figures are medians. The first push also forms the group, timed apart.
-`--vllm-url` pushes into a running vLLM server behind an in-process gateway instead
-(started with our worker extension, deploy/vllm/), against its reload from a folder.
+Push: trainer rank 0 broadcasts over gloo (trainer/backend/weight_push.py). Disk: the
+trainer writes a Hugging Face folder, then `POST /admin/weights` {version, path}. Both
+end when the engine serves the new version. `--vllm-url` also pushes into a running vLLM
+server (started with deploy/vllm/'s worker extension) behind an in-process gateway.
 
-Usage: .venv/bin/python -m bench.weight_push [--rounds 5] [--vllm-url URL]
-It writes its section of docs/benchmarks.md (between markers) unless --no-docs.
+    .venv/bin/python -m bench.weight_push [--rounds 5] [--vllm-url URL] [--no-docs]
 """
 
 from __future__ import annotations
