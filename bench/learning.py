@@ -48,8 +48,9 @@ def run_one(args: argparse.Namespace, seed: int, slot: int) -> dict[str, Any]:
     # DeepSpeed's CPU op built where `make` builds it, not in a folder other jobs share
     # (a job killed mid-build there leaves a lock that hangs every later run)
     ext = os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache/torch_extensions"))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": ext, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    offline = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext, OMP_NUM_THREADS=str(args.threads), **offline)
+    env["PYTHONUNBUFFERED"] = "1"
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with (run_dir / "stdout.log").open("w") as log:

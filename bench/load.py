@@ -121,28 +121,30 @@ def connector(concurrency: int) -> aiohttp.TCPConnector:
     return aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, enable_cleanup_closed=True)
 
 
+async def create_session(
+    http: aiohttp.ClientSession, url: str, admin_key: str | None, **body: Any
+) -> tuple[str, str]:
+    """A gateway session opened through the admin API (`POST /v1/sessions`): id, key."""
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    async with http.post(f"{url}/sessions", json=body, headers=headers) as r:
+        assert r.status == 201, await r.text()
+        data = await r.json()
+    return data["id"], data["api_key"]
+
+
 async def create_sessions(
     base_url: str, admin_key: str | None, n: int, concurrency: int = 8
 ) -> list[Conversation]:
-    """Open `n` gateway sessions through the admin API (`POST /v1/sessions`)."""
-    headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
-    out: list[Conversation] = []
-    todo = iter(range(n))
-
-    async def worker(http: aiohttp.ClientSession) -> None:
-        for _ in todo:
-            async with http.post(
-                f"{base_url}/sessions", json={"metadata": {"bench": True}}, headers=headers
-            ) as resp:
-                body = await resp.read()
-                if resp.status != 201:
-                    raise RuntimeError(f"creating a session: HTTP {resp.status}: {body[:300]!r}")
-                info = json.loads(body)
-            out.append(Conversation(info["id"], info["api_key"]))
-
+    """`n` gateway sessions, opened `concurrency` at a time."""
+    gate = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(connector=connector(concurrency)) as http:
-        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
-    return out
+
+        async def one() -> Conversation:
+            async with gate:
+                body = {"metadata": {"bench": True}}
+                return Conversation(*await create_session(http, base_url, admin_key, **body))
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
 @dataclass

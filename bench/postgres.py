@@ -57,7 +57,8 @@ class PostgresServer:
         self.port = free_port()
         self.fsync = fsync
         self.max_connections = max_connections
-        self.os_user = _server_user()
+        # who owns the cluster: ourselves, unless we are root
+        self.os_user = os.environ.get("TURNSTILE_PG_USER", "nobody") if os.geteuid() == 0 else None
 
     # ---- lifecycle -------------------------------------------------------------------
     def init(self) -> PostgresServer:
@@ -82,12 +83,8 @@ class PostgresServer:
         """`fast`: clean shutdown; `immediate`: like a crash (recovery on next start)."""
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
 
-    def running(self) -> bool:
-        done = self._run("pg_ctl", "-D", str(self.data), "status", check=False)
-        return done.returncode == 0
-
     def remove(self) -> None:
-        if self.data.exists() and self.running():
+        if self.data.exists():  # a stopped server's `stop` is a no-op
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -122,10 +119,3 @@ class PostgresServer:
             log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
             raise RuntimeError(f"{tool} failed ({done.returncode}):\n{done.stderr}\n{log}")
         return done
-
-
-def _server_user() -> str | None:
-    """Who owns the cluster: None (ourselves) unless we are root."""
-    if os.geteuid() != 0:
-        return None
-    return os.environ.get("TURNSTILE_PG_USER", "nobody")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -14,7 +13,8 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.report import ROOT
+
 TURNSTILE = str(Path(sys.executable).parent / "turnstile")
 
 
@@ -41,7 +41,6 @@ class Child:
 
     def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> None:
         self.name = name
-        self.argv = argv
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         # A session of its own: Ctrl-C in the terminal reaches only the runner, which
@@ -50,10 +49,6 @@ class Child:
             argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self.proc = psutil.Process(self.popen.pid)  # taskset execs: this is the server
-
-    @property
-    def command(self) -> str:
-        return shlex.join(self.argv)
 
     @property
     def pid(self) -> int:

@@ -1,8 +1,6 @@
 """Several `turnstile serve` replicas on one store, and agents that send each request of
-a session to a random replica, as a load balancer without session affinity does.
-
-Shared by tests/test_replicas.py (modest sizes) and bench/reliability.py (the load runs
-and fault scenarios whose figures are in docs/reliability.md).
+a session to a random replica, as a load balancer without session affinity does: what
+tests/test_replicas.py and bench/reliability.py drive.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from typing import Any
 import aiohttp
 import sqlalchemy as sa
 
+from bench.load import create_session
 from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
 
 RETRY_HEADER = "x-stainless-retry-count"  # what OpenAI SDKs send on a retry
@@ -65,9 +64,7 @@ class Replicas:
 
     def kill(self, i: int) -> None:
         """SIGKILL: no shutdown, no flush; what it answered 200 must already be stored."""
-        child = self.procs[i]
-        assert child is not None
-        child.kill_hard()
+        self.procs[i].kill_hard()  # type: ignore[union-attr]
 
     def restart(self, i: int) -> float:
         """Start replica `i` again on its port; seconds until it is healthy."""
@@ -115,17 +112,6 @@ class Outcome:
     @property
     def ok(self) -> list[Sent]:
         return [s for s in self.sent if s.status == 200]
-
-
-async def create_session(
-    http: aiohttp.ClientSession, url: str, admin_key: str, **body: Any
-) -> tuple[str, str]:
-    async with http.post(
-        f"{url}/sessions", json=body, headers={"Authorization": f"Bearer {admin_key}"}
-    ) as r:
-        assert r.status == 201, await r.text()
-        data = await r.json()
-    return data["id"], data["api_key"]
 
 
 class Agents:

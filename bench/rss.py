@@ -24,8 +24,8 @@ from pathlib import Path
 import aiohttp
 
 from bench import engine_server
+from bench.load import create_session
 from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
-from bench.replicas import create_session
 from bench.report import measured_on, section, table, write_section
 
 SYSTEM = "You are a careful assistant. Answer briefly and show your work. " * 5
@@ -150,8 +150,8 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engine", choices=("external", "fake"), default="external",
-                   help="external: SGLang's protocol from bench/engine_server.py; fake: in-process")  # fmt: skip
+    engines = "external: SGLang's protocol from bench/engine_server.py; fake: in-process"
+    p.add_argument("--engine", choices=("external", "fake"), default="external", help=engines)
     p.add_argument("--sessions", type=int, default=20_000)
     p.add_argument("--first", type=int, default=2_000, help="the reference checkpoint")
     p.add_argument("--every", type=int, default=2_000, help="also read RSS every this many")
