@@ -9,14 +9,13 @@ sampling (temperature 0.7, 48 new tokens).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
 
 import torch
 
-from bench.report import ROOT, measured_on, medians, section, table, write_section
+from bench.report import ROOT, arguments, measured_on, medians, section, table, write_section
 from gateway.inference.base import SamplingParams
 from gateway.inference.embedded import EmbeddedEngine
 from gateway.inference.model_source import resolve_model_dir
@@ -74,10 +73,8 @@ async def run(rounds: int, rows: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = arguments(__doc__, rounds=3)
     parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--no-docs", dest="write_docs", action="store_false")
     args = parser.parse_args()
     result = asyncio.run(run(args.rounds, args.rows))
     print(json.dumps(result))

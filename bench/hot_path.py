@@ -35,7 +35,7 @@ from bench import engine_server
 from bench.engine_server import answer_ids
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
 from bench.procs import TURNSTILE, Child, Children, can_pin, checkout_env, free_port
-from bench.report import ROOT, cpu_name, section, table, write_section
+from bench.report import ROOT, arguments, cpu_name, section, table, write_section
 from bench.store_check import check_store
 
 PASS, GATEWAY = "pass-through", "gateway"
@@ -395,22 +395,13 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__, rounds=3)
     p.add_argument("--levels", default="1,16", help="concurrent sessions (default 1,16)")
-    p.add_argument(
-        "--requests",
-        type=int,
-        default=800,
-        help="requests at 1 session (4x that at more; default 800)",
-    )
+    p.add_argument("--requests", type=int, default=800, help="at 1 session (4x that at more)")
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument(
-        "--rounds", type=int, default=3, help="interleaved rounds of every level (default 3)"
-    )
     p.add_argument("--profile", action="store_true", help="sample the gateway with py-spy")
     p.add_argument("--long", action="store_true", help="also run long sessions (see --long-turns)")
     p.add_argument("--long-turns", type=int, default=64)
-    p.add_argument("--no-docs", dest="write_docs", action="store_false")
     p.add_argument("--also", metavar="DIR", help="also measure the gateway of this checkout")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.postgres import PostgresServer
 from bench.replicas import Agents, Outcome, Replicas, lost_or_wrong, stored_completions
-from bench.report import ROOT, measured_on, percentile, section, table, write_section
+from bench.report import ROOT, arguments, measured_on, percentile, section, table, write_section
 
 
 @dataclass
@@ -151,14 +151,13 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--turns", type=int, default=16)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--fake-delay-s", type=float, default=0.02)
     p.add_argument("--outage-s", type=float, default=10.0)
     p.add_argument("--only", action="append", choices=list(SCENARIOS))
-    p.add_argument("--no-docs", dest="write_docs", action="store_false")
     return asyncio.run(main_async(p.parse_args(argv)))
 
 

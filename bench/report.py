@@ -4,6 +4,7 @@ tables, the machine's name, and a doc section between two markers that a run rew
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import statistics
@@ -13,6 +14,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def arguments(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
+    """A script's parser: its docstring's first line, `--no-docs`, and `--rounds`."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--no-docs", dest="write_docs", action="store_false", help="docs untouched")
+    if rounds is not None:
+        p.add_argument("--rounds", type=int, default=rounds, help="alternating rounds")
+    return p
 
 
 def section(name: str, writer: str, lines: Iterable[str]) -> str:

@@ -26,7 +26,7 @@ import aiohttp
 from bench import engine_server
 from bench.load import create_session
 from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
-from bench.report import measured_on, section, table, write_section
+from bench.report import arguments, measured_on, section, table, write_section
 
 SYSTEM = "You are a careful assistant. Answer briefly and show your work. " * 5
 
@@ -149,7 +149,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     engines = "external: SGLang's protocol from bench/engine_server.py; fake: in-process"
     p.add_argument("--engine", choices=("external", "fake"), default="external", help=engines)
     p.add_argument("--sessions", type=int, default=20_000)
@@ -157,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=2_000, help="also read RSS every this many")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--no-docs", dest="write_docs", action="store_false")
     return asyncio.run(main_async(p.parse_args(argv)))
 
 

@@ -19,7 +19,7 @@ import random
 
 import torch
 
-from bench.report import alternate, measured_on, medians, section, table, write_section
+from bench.report import alternate, arguments, measured_on, medians, section, table, write_section
 
 os.environ.setdefault("MASTER_PORT", "29541")
 
@@ -76,12 +76,10 @@ class BareStep:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = arguments(__doc__, rounds=5)
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--group", type=int, default=1, help="sequences per shared prompt")
-    ap.add_argument("--no-docs", dest="write_docs", action="store_false")
     args = ap.parse_args()
 
     from gateway.inference.model_source import resolve_model_dir

@@ -10,7 +10,6 @@ server (started with deploy/vllm/'s worker extension) behind an in-process gatew
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.report import alternate, measured_on, medians, section, table, write_section
+from bench.report import alternate, arguments, measured_on, medians, section, table, write_section
 from gateway.inference.model_source import load_causal_lm, resolve_model_dir
 from trainer.backend.weight_push import WeightPush, gateway_root
 
@@ -127,17 +126,15 @@ def doc_section(results: dict[str, dict[str, float]], rounds: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = arguments(__doc__, rounds=5)
     ap.add_argument("--vllm-url", help="also push into this running vLLM server")
-    ap.add_argument("--no-docs", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = {"embedded, gateway in its own process": run(args.rounds, None)}
     if args.vllm_url:
         results["vLLM CPU"] = run(args.rounds, args.vllm_url)
     print(results)
-    if not args.no_docs:
+    if args.write_docs:
         write_section(doc_section(results, args.rounds))
 
 
