@@ -10,7 +10,7 @@ A request goes through three stages, each calling only forward:
 Between 1 and 2 the request is admitted (serving/quotas.py). An endpoint (chat
 completions, completions, responses, messages, ...) fills in only its own steps:
 `validate`, `prepare` (its request into turns, through stage 1), `new_choice` (parsing
-and per-delta frames), `finish`, `response`, `replay`, and the frames that open and
+and per-delta frames), `finish`, `response`, `replay_frames`, and the frames that open and
 close its stream.
 
 Every choice is recorded before its client sees its end: a 200 (or a streamed finish)
@@ -226,9 +226,26 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
     @abc.abstractmethod
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]: ...
 
-    @abc.abstractmethod
     def replay(self, req: Req, rows: list[dict[str, Any]]) -> Any:
-        """Answer a client retry from the original's records: no second sample."""
+        """Answer a client retry from the original's records: no second sample. The
+        endpoint states only the shapes: its body, or its stream's frames."""
+        if not req.stream:  # type: ignore[attr-defined]
+            return self.replay_body(req, rows)
+        frames = self.replay_frames(req, rows)
+
+        async def body() -> AsyncIterator[bytes]:
+            for frame in frames:
+                yield frame
+
+        return sse_response(body())
+
+    def replay_body(self, req: Req, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The whole answer again: a one-choice endpoint recorded the body it answered."""
+        return rows[0]["response"]
+
+    @abc.abstractmethod
+    def replay_frames(self, req: Req, rows: list[dict[str, Any]]) -> list[bytes]:
+        """The streamed answer again, from its records."""
 
     def forget(self, session_id: str) -> None:  # noqa: B027 - optional step
         """Drop what the endpoint keeps of a session that has ended."""
@@ -360,16 +377,6 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
             queue.put_nowait(STREAM_END)
             admitted.release()
             tracked.done()
-
-
-def replay_stream(frames: list[bytes]) -> StreamingResponse:
-    """A finished stream, sent again (a client retry of a streamed request)."""
-
-    async def body() -> AsyncIterator[bytes]:
-        for frame in frames:
-            yield frame
-
-    return sse_response(body())
 
 
 def _drop(frame: bytes | APIError | None) -> None:

@@ -224,3 +224,20 @@ def text_delta(
     return TextDelta(
         text, ids[start:end], logprobs[start:end], None if top is None else top[start:end]
     )
+
+
+def recorded_answer(row: dict[str, Any]) -> Answer:
+    """A recorded choice as its answer again (a client retry's, serving/endpoint.py)."""
+    response = row["response"]
+    message = response.get("message")
+    out = ChoiceOutput(
+        index=row["choice_index"],
+        completion_id=row["id"],
+        text=response.get("text") or (message or {}).get("content") or "",
+        output_ids=row["output_ids"],
+        logprobs=row["output_logprobs"],
+        versions=row["output_versions"],
+        top_logprobs=None,  # (not recorded)
+        finish_reason=row["finish_reason"],
+    )
+    return Answer(out, row["finish_reason"], response, "", message)

@@ -37,14 +37,7 @@ from gateway.entrypoints.anthropic.messages.protocol import (
 )
 from gateway.frozen import freeze
 from gateway.lru import LRU, HistoryMemo
-from gateway.serving.endpoint import (
-    Choice,
-    Prepared,
-    ServingEndpoint,
-    Stages,
-    WriterChoice,
-    replay_stream,
-)
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, WriterChoice
 from gateway.serving.generate import Sampling
 from gateway.serving.turn import Answer, ChoiceOutput, Turn
 from gateway.store.repository import SessionInfo
@@ -213,19 +206,19 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
     def error_frame(self, p: Prepared) -> Any:
         return error_event
 
-    def replay(self, req: MessagesRequest, rows: list[dict[str, Any]]) -> Any:
-        body = rows[0]["response"]["message"]
-        if not req.stream:
-            return body
+    def replay_body(self, req: MessagesRequest, rows: list[dict[str, Any]]) -> Any:
+        return rows[0]["response"]["message"]
+
+    def replay_frames(self, req: MessagesRequest, rows: list[dict[str, Any]]) -> list[bytes]:
+        body, arguments = rows[0]["response"]["message"], rows[0]["response"].get("tool_arguments")
         writer = BlockWriter(body["id"], self._signer(rows[0]["session_id"]))
         frames = writer.start({**body, "content": [], "stop_reason": None, "stop_sequence": None})
         for block in body["content"]:
-            if block["type"] == "text":
-                frames += writer.write("text", block["text"]) + writer.close()
-            elif block["type"] == "thinking":
-                frames += writer.write("thinking", block["thinking"]) + writer.close()
-            elif block["type"] == "tool_use":
-                arguments = rows[0]["response"].get("tool_arguments", {}).get(block["id"], "{}")
-                frames += writer.tool_use(ToolCall(block["id"], block["name"], arguments))
-        frames += writer.finish(body["stop_reason"], body["stop_sequence"], body["usage"])
-        return replay_stream(frames)
+            if block["type"] == "tool_use":
+                call = ToolCall(
+                    block["id"], block["name"], (arguments or {}).get(block["id"], "{}")
+                )
+                frames += writer.tool_use(call)
+            else:  # text or thinking, each a block of its own
+                frames += writer.write(block["type"], block[block["type"]]) + writer.close()
+        return frames + writer.finish(body["stop_reason"], body["stop_sequence"], body["usage"])

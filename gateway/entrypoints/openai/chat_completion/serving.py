@@ -23,9 +23,16 @@ from gateway.entrypoints.openai.chat_completion.protocol import (
     ChatShapes,
     ChunkWriter,
 )
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, replay_stream
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages
 from gateway.serving.generate import Sampling
-from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn, choice_ids
+from gateway.serving.turn import (
+    Answer,
+    ChoiceOutput,
+    TextDelta,
+    Turn,
+    choice_ids,
+    recorded_answer,
+)
 from gateway.store.repository import SessionInfo
 
 
@@ -89,39 +96,25 @@ class ChatCompletionServing(ServingEndpoint[ChatCompletionRequest]):
         completion_tokens = sum(len(a.out.output_ids) for a in answers)
         return p.context["writer"].closing(len(p.turns[0].prompt_ids), completion_tokens)
 
-    def replay(self, req: ChatCompletionRequest, rows: list[dict[str, Any]]) -> Any:
-        answers = [_answer_of(r) for r in rows]
-        first, prompt_tokens = rows[0]["id"], rows[0]["prompt_tokens"]
-        if not req.stream:
-            return self.shapes.completion(req, first, prompt_tokens, answers)
-        writer = ChunkWriter(req, first, self.shapes)
+    def replay_body(self, req: ChatCompletionRequest, rows: list[dict[str, Any]]) -> Any:
+        answers = [recorded_answer(r) for r in rows]
+        return self.shapes.completion(req, rows[0]["id"], rows[0]["prompt_tokens"], answers)
+
+    def replay_frames(self, req: ChatCompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
+        writer = ChunkWriter(req, rows[0]["id"], self.shapes)
         frames: list[bytes] = []
-        for a in answers:
+        for a in map(recorded_answer, rows):
+            message = a.message or {}
             events: list[Event] = []
-            if a.message and a.message.get("reasoning_content"):
-                events.append(ReasoningEvent(a.message["reasoning_content"]))
-            if a.message and a.message.get("content"):
-                events.append(ContentEvent(a.message["content"]))
-            for i, tc in enumerate((a.message or {}).get("tool_calls") or []):
+            if message.get("reasoning_content"):
+                events.append(ReasoningEvent(message["reasoning_content"]))
+            if message.get("content"):
+                events.append(ContentEvent(message["content"]))
+            for i, tc in enumerate(message.get("tool_calls") or []):
                 fn = tc["function"]
                 events.append(ToolCallEvent(i, ToolCall(tc["id"], fn["name"], fn["arguments"])))
             delta = TextDelta("", a.out.output_ids, a.out.logprobs, None)
             frames += writer.events(a.out.index, events, delta)
             frames.append(writer.finish(a.out.index, a.finish_reason))
-        frames += writer.closing(prompt_tokens, sum(len(a.out.output_ids) for a in answers))
-        return replay_stream(frames)
-
-
-def _answer_of(row: dict[str, Any]) -> Answer:
-    message = row["response"]["message"]
-    out = ChoiceOutput(
-        index=row["choice_index"],
-        completion_id=row["id"],
-        text=message.get("content") or "",
-        output_ids=row["output_ids"],
-        logprobs=row["output_logprobs"],
-        versions=row["output_versions"],
-        top_logprobs=None,
-        finish_reason=row["finish_reason"],
-    )
-    return Answer(out, row["finish_reason"], row["response"], "", message)
+        completion_tokens = sum(len(r["output_ids"]) for r in rows)
+        return frames + writer.closing(rows[0]["prompt_tokens"], completion_tokens)

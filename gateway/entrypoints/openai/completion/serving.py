@@ -14,10 +14,17 @@ from typing import Any
 from gateway.chat.events import Event
 from gateway.entrypoints.openai.completion.protocol import CompletionRequest, CompletionShapes
 from gateway.errors import APIError
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, replay_stream
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages
 from gateway.serving.generate import Sampling
 from gateway.serving.prompt import Prompt
-from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn, choice_ids
+from gateway.serving.turn import (
+    Answer,
+    ChoiceOutput,
+    TextDelta,
+    Turn,
+    choice_ids,
+    recorded_answer,
+)
 from gateway.sse import SSE_DONE
 from gateway.store.repository import SessionInfo
 
@@ -131,27 +138,23 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
             frames.append(self.shapes.usage_chunk(req, p.context["id"], pt, ct))
         return [*frames, SSE_DONE]
 
-    def replay(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
+    def replay_body(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
+        choices = []
+        for a in map(recorded_answer, rows):
+            o = a.out
+            lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, None)
+            choices.append(self.shapes.choice(req, o.index, o.text, o.finish_reason, lp))
+        # each prompt's tokens once: its first choice's
+        prompt_tokens = sum(r["prompt_tokens"] for r in rows if r["choice_index"] % req.n == 0)
+        completion_tokens = sum(len(r["output_ids"]) for r in rows)
+        return self.shapes.completion(req, rows[0]["id"], choices, prompt_tokens, completion_tokens)
+
+    def replay_frames(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         cid = rows[0]["id"]
-        if not req.stream:
-            choices = [
-                self.shapes.choice(
-                    req,
-                    r["choice_index"],
-                    r["response"].get("text", ""),
-                    r["finish_reason"],
-                    self.shapes.logprobs(req, r["output_ids"], r["output_logprobs"], None),
-                )
-                for r in rows
-            ]
-            completion_tokens = sum(len(r["output_ids"]) for r in rows)
-            return self.shapes.completion(
-                req, cid, choices, rows[0]["prompt_tokens"], completion_tokens
-            )
         frames = [
             self.shapes.chunk(
                 req, cid, r["choice_index"], r["response"].get("text", ""), r["finish_reason"]
             )
             for r in rows
         ]
-        return replay_stream([*frames, SSE_DONE])
+        return [*frames, SSE_DONE]

@@ -38,7 +38,7 @@ from gateway.entrypoints.openai.responses.protocol import (
     to_messages,
 )
 from gateway.errors import APIError
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, WriterChoice, replay_stream
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, WriterChoice
 from gateway.serving.generate import Sampling
 from gateway.serving.turn import Answer, ChoiceOutput, Turn
 from gateway.store.repository import SessionInfo
@@ -133,11 +133,8 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
     def error_frame(self, p: Prepared) -> Any:
         return p.context["writer"].error
 
-    def replay(self, req: ResponsesRequest, rows: list[dict[str, Any]]) -> Any:
-        body = rows[0]["response"]
-        if not req.stream:
-            return body
-        response = Response.model_validate(body)
+    def replay_frames(self, req: ResponsesRequest, rows: list[dict[str, Any]]) -> list[bytes]:
+        response = Response.model_validate(rows[0]["response"])
         writer = EventWriter()
         frames = writer.start(
             Response.model_construct(**{**dict(response), "status": "in_progress", "output": []})
@@ -151,5 +148,4 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
                 frames += writer.reasoning(text) + writer.close()
             elif isinstance(item, ResponseFunctionToolCall):
                 frames += writer.call(ToolCall(item.call_id, item.name, item.arguments), item.id)
-        frames.append(writer.finish(response))
-        return replay_stream(frames)
+        return [*frames, writer.finish(response)]

@@ -1,0 +1,103 @@
+"""A client retry (`x-stainless-retry-count`, same body) is answered from the original's
+records, on every generating endpoint: the same answer, streamed again when it was
+streamed, and no second sample."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from anthropic_helpers import sse_events
+from gateway_helpers import WEATHER, bearer, http_client, read_session
+
+# reasoning, text and a tool call: every kind of part an answer holds
+REPLY = (
+    "<think>Look it up.</think>Checking."
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
+ANTHROPIC_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather of a city.",
+    "input_schema": WEATHER["function"]["parameters"],
+}
+BODIES = {
+    "chat/completions": {"messages": QUESTION, "tools": [WEATHER], "logprobs": True, "n": 2},
+    # (top logprobs are not recorded: a retry has none to send)
+    "completions": {"prompt": ["Say hi.", "Say bye."], "n": 2, "logprobs": 0},
+    "messages": {"max_tokens": 64, "messages": QUESTION, "tools": [ANTHROPIC_TOOL]},
+    "responses": {
+        "input": "Weather in Paris?",
+        "tools": [{"type": "function", **WEATHER["function"]}],
+    },
+}
+
+
+def answer_of(path: str, text: str) -> Any:
+    """What a client makes of a streamed answer: the parts it assembles, in order."""
+    if path == "messages":
+        blocks: dict[int, dict[str, Any]] = {}
+        ends = []
+        for name, data in sse_events(text):
+            if name == "content_block_start":
+                blocks[data["index"]] = dict(data["content_block"])
+            elif name == "content_block_delta":
+                block = blocks[data["index"]]
+                for field, value in data["delta"].items():
+                    if field != "type":
+                        block[field] = block.get(field, "") + value
+            elif name == "message_start":
+                ends.append(data["message"]["id"])
+            elif name == "message_delta":
+                ends.append(data)
+        return ends, blocks
+    if path == "responses":
+        events = sse_events(text)
+        names = [name for name, _ in events]
+        done = [d["item"] for n, d in events if n == "response.output_item.done"]
+        final = events[-1][1]["response"]
+        return names, [{k: v for k, v in i.items() if k != "id"} for i in done], final
+    frames = [f.removeprefix("data: ") for f in text.split("\n\n") if f]
+    assert frames.pop() == "[DONE]"
+    parts: dict[int, dict[str, Any]] = {}
+    for chunk in map(json.loads, frames):
+        for c in chunk["choices"]:
+            part = parts.setdefault(c["index"], {"id": chunk["id"]})
+            delta = c.get("delta") or {"text": c.get("text")}
+            for key in ("content", "reasoning_content", "text"):
+                if delta.get(key):
+                    part[key] = part.get(key, "") + delta[key]
+            for call in delta.get("tool_calls") or []:
+                part.setdefault("tool_calls", []).append(call)
+            if c["finish_reason"]:
+                part["finish_reason"] = c["finish_reason"]
+    return parts
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_retry_gets_the_original_answer(gateway_factory, new_session, path, stream):
+    gw = gateway_factory({"reasoning_parser": "qwen3"})
+    session_id, key = new_session(gw)
+    gw.engine.script(*[REPLY] * 4)
+    body = {"model": "default", **BODIES[path], "stream": stream}
+    url = f"{gw.url}/{path}"
+    with http_client() as http:
+        first = http.post(url, headers=bearer(key), json=body)
+        retry = http.post(url, headers={**bearer(key), "x-stainless-retry-count": "1"}, json=body)
+    assert first.status_code == retry.status_code == 200
+    records = read_session(gw, session_id)["completions"]
+    assert (
+        len(records)
+        == len(gw.engine.calls)
+        == {"chat/completions": 2, "completions": 4}.get(path, 1)
+    )  # one sample per choice, none for the retry
+    if not stream:
+        a, b = first.json(), retry.json()
+        a.pop("created", None), b.pop("created", None)
+        a.pop("created_at", None), b.pop("created_at", None)
+        assert a == b
+        return
+    assert retry.headers["content-type"].startswith("text/event-stream")
+    assert answer_of(path, retry.text) == answer_of(path, first.text)
