@@ -56,8 +56,7 @@ class MessageChoice(WriterChoice):
         self.p = p
 
     def on_end(self) -> list[bytes]:
-        frames = self.frames(self.parser.finish() if self.parser else [], None)
-        return self.started() + frames + self.writer.close()
+        return self.started() + super().on_end() + self.writer.close()
 
     def start_frames(self) -> list[bytes]:
         turn = self.p.turns[0]

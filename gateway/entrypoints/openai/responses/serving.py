@@ -58,7 +58,7 @@ class ResponseChoice(WriterChoice):
         self.response: Response | None = None
 
     def on_end(self) -> list[bytes]:
-        frames = self.frames(self.parser.finish() if self.parser else [], None)
+        frames = super().on_end()
         if not self.writer.items and not self.writer.open:  # an empty answer: one message
             frames += self.started() + self.writer.text("")
         return frames + self.writer.close()
