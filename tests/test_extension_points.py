@@ -59,8 +59,11 @@ class ShoutServing(ServingEndpoint[ShoutRequest]):
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
         return {"id": answers[0].out.completion_id, **answers[0].response}
 
-    def replay(self, req: ShoutRequest, rows: list[dict[str, Any]]) -> Any:
+    def replay_body(self, req: ShoutRequest, rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": rows[0]["id"], **rows[0]["response"]}
+
+    def replay_frames(self, req: ShoutRequest, rows: list[dict[str, Any]]) -> list[bytes]:
+        return []  # (its choices stream no frames)
 
 
 def _shout_route(router: APIRouter) -> types.ModuleType:
