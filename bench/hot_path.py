@@ -25,7 +25,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -34,7 +33,7 @@ from pathlib import Path
 from bench import engine_server
 from bench.engine_server import answer_ids
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
-from bench.procs import TURNSTILE, Child, Children, can_pin, checkout_env, free_port
+from bench.procs import TURNSTILE, Child, Children, can_pin, free_port, run_children
 from bench.report import ROOT, arguments, cpu_name, section, table, write_section
 from bench.store_check import check_store
 
@@ -184,10 +183,9 @@ def profile_table(raw: Path) -> list[str]:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, children: Children) -> None:
         self.args = args
-        self.work = Path(tempfile.mkdtemp(prefix="turnstile-hotpath-"))
-        self.children = Children(self.work, checkout_env())
+        self.children, self.work = children, children.log_dir
         self.pinned = can_pin(0, 1) and bool(shutil.which("taskset"))
         self.admin_key = "adm-" + secrets.token_hex(16)
         self.records: list[Record] = []
@@ -405,17 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--also", metavar="DIR", help="also measure the gateway of this checkout")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
-    bench = Bench(args)
-    rc = 1
-    try:
-        rc = asyncio.run(bench.main())
-        return rc
-    finally:
-        bench.children.stop_all()
-        if rc == 0:  # a run's store is ~100 MB: kept only to look into a failed run
-            shutil.rmtree(bench.work, ignore_errors=True)
-        else:
-            print(f"servers' logs and the gateway's store: {bench.work}")
+    with run_children("turnstile-hotpath-") as children:
+        if rc := asyncio.run(Bench(args, children).main()):
+            raise SystemExit(rc)  # (the servers' logs and the gateway's store stay)
+    return 0
 
 
 if __name__ == "__main__":

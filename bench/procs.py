@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -135,3 +139,20 @@ def _run_ns(task: Path) -> int:
         return int((task / "schedstat").read_text().split()[0])
     except FileNotFoundError:
         return 0
+
+
+@contextlib.contextmanager
+def run_children(prefix: str) -> Iterator[Children]:
+    """A run's children, logging into a new temp folder: all stopped by PID at the end;
+    the folder (logs, stores of ~100 MB) removed, unless the run failed."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    children, ok = Children(work, checkout_env()), False
+    try:
+        yield children
+        ok = True
+    finally:
+        children.stop_all()
+        if ok:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"servers' logs and stores: {work}")

@@ -36,7 +36,7 @@ class Replicas:
         self.admin_key = "adm-" + secrets.token_hex(16)
         self.extra_args = extra_args or []
         self.ports = [free_port() for _ in range(n)]
-        self.procs: list[Child | None] = [None] * n
+        self.procs: list[Child] = []
         self.restarts = 0
 
     @property
@@ -52,11 +52,12 @@ class Replicas:
                 *self.extra_args]  # fmt: skip
 
     def start(self) -> Replicas:
+        n = len(self.ports)
         try:
-            for i in range(len(self.ports)):  # all at once: they migrate the store in turn
-                self.procs[i] = self.children.start(f"replica{i}-{self.restarts}", self.argv(i))
+            # all at once: they migrate the store in turn
+            self.procs = [self.children.start(f"replica{i}-0", self.argv(i)) for i in range(n)]
             for i, child in enumerate(self.procs):
-                child.wait_http(self.health(i))  # type: ignore[union-attr]
+                child.wait_http(self.health(i))
         except BaseException:
             self.stop()
             raise
@@ -64,7 +65,7 @@ class Replicas:
 
     def kill(self, i: int) -> None:
         """SIGKILL: no shutdown, no flush; what it answered 200 must already be stored."""
-        self.procs[i].kill_hard()  # type: ignore[union-attr]
+        self.procs[i].kill_hard()
 
     def restart(self, i: int) -> float:
         """Start replica `i` again on its port; seconds until it is healthy."""
@@ -144,6 +145,8 @@ class Agents:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.outcome = Outcome()
         self.session_keys: dict[str, str] = {}
+        self.rewarding: list[asyncio.Future[None]] = []  # reward posts, racing the turns
+        self.http: aiohttp.ClientSession  # the run's, opened by run()
 
     def pick(self, avoid: int | None = None) -> int:
         live = [i for i in range(len(self.replicas.ports)) if i not in self.down]
@@ -154,35 +157,24 @@ class Agents:
         began = time.monotonic()
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=self.timeout, connector=connector) as http:
+            self.http = http
+            admin, urls = self.replicas.admin_key, self.replicas.urls
             keys = await asyncio.gather(
-                *(
-                    create_session(http, self.replicas.urls[self.pick()], self.replicas.admin_key)
-                    for _ in range(self.sessions)
-                )
+                *(create_session(http, urls[self.pick()], admin) for _ in range(self.sessions))
             )
             self.session_keys = dict(keys)
-            reward_tasks: list[asyncio.Task[None]] = []
-            await asyncio.gather(
-                *(self._agent(http, sid, key, n, reward_tasks) for n, (sid, key) in enumerate(keys))
-            )
-            await asyncio.gather(*reward_tasks)
+            await asyncio.gather(*(self._agent(sid, key, n) for n, (sid, key) in enumerate(keys)))
+            await asyncio.gather(*self.rewarding)
         self.outcome.elapsed_s = time.monotonic() - began
         return self.outcome
 
-    async def _agent(
-        self,
-        http: aiohttp.ClientSession,
-        session_id: str,
-        key: str,
-        n: int,
-        reward_tasks: list[asyncio.Task[None]],
-    ) -> None:
+    async def _agent(self, session_id: str, key: str, n: int) -> None:
         messages: list[dict[str, Any]] = [{"role": "system", "content": f"Agent {n}."}]
         parent: str | None = None
         for turn in range(self.turns):
             messages.append({"role": "user", "content": f"Session {n}, turn {turn}: go on."})
             body = {"messages": messages, "max_tokens": 16, "logprobs": True}
-            status, replica, reply, latency = await self._post(http, "/chat/completions", body, key)
+            status, replica, reply, latency = await self._post("/chat/completions", body, key)
             sent = Sent(session_id, turn, replica, status, latency)
             self.outcome.sent.append(sent)
             if status != 200:
@@ -190,17 +182,16 @@ class Agents:
                 return  # the test looks at why
             sent.completion_id, sent.parent_id = reply["id"], parent
             if self.retry_every and turn % self.retry_every == self.retry_every - 1:
-                await self._retry(http, key, body, sent)
+                await self._retry(key, body, sent)
             if self.rewards:
                 value = float(n * 100 + turn)
                 self.outcome.rewards[sent.completion_id or ""] = value
-                reward_tasks.append(asyncio.ensure_future(self._reward(http, key, sent, value)))
+                self.rewarding.append(asyncio.ensure_future(self._reward(key, sent, value)))
             messages.append(reply["choices"][0]["message"])
             parent = sent.completion_id
 
     async def _post(
         self,
-        http: aiohttp.ClientSession,
         path: str,
         body: dict[str, Any],
         key: str,
@@ -216,7 +207,7 @@ class Agents:
             began = time.monotonic()
             headers = {"Authorization": f"Bearer {key}", RETRY_HEADER: str(attempt)}
             try:
-                async with http.post(
+                async with self.http.post(
                     f"{self.replicas.urls[replica]}{path}", json=body, headers=headers
                 ) as r:
                     data = await r.json()
@@ -233,12 +224,10 @@ class Agents:
                 continue
             return status, replica, data, time.monotonic() - began
 
-    async def _retry(
-        self, http: aiohttp.ClientSession, key: str, body: dict[str, Any], sent: Sent
-    ) -> None:
+    async def _retry(self, key: str, body: dict[str, Any], sent: Sent) -> None:
         """The same request again, as a client retry, through another replica."""
         status, _, data, _ = await self._post(
-            http, "/chat/completions", body, key, avoid=sent.replica, first_attempt=1
+            "/chat/completions", body, key, avoid=sent.replica, first_attempt=1
         )
         assert status == 200, data
         if data["id"] == sent.completion_id:
@@ -246,14 +235,12 @@ class Agents:
         else:
             self.outcome.retries_other_id.append((sent.completion_id or "", data["id"]))
 
-    async def _reward(
-        self, http: aiohttp.ClientSession, key: str, sent: Sent, value: float
-    ) -> None:
+    async def _reward(self, key: str, sent: Sent, value: float) -> None:
         """The same upsert through two replicas at once: idempotent, whoever wins."""
         body = {"completion_id": sent.completion_id, "reward": value}
 
         async def post() -> None:
-            status, _, data, _ = await self._post(http, "/rewards", body, key, avoid=sent.replica)
+            status, _, data, _ = await self._post("/rewards", body, key, avoid=sent.replica)
             assert status == 200, data
 
         await asyncio.gather(post(), post())

@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 
 from bench import engine_server
 from bench.load import create_session
-from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
+from bench.procs import TURNSTILE, Child, free_port, run_children
 from bench.report import arguments, measured_on, section, table, write_section
 
 SYSTEM = "You are a careful assistant. Answer briefly and show your work. " * 5
@@ -114,13 +111,12 @@ def doc_section(
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    work = Path(tempfile.mkdtemp(prefix="turnstile-rss-"))
-    children = Children(work, checkout_env())
     admin = "adm-" + secrets.token_hex(16)
     port = free_port()
-    argv = [TURNSTILE, "serve", "--port", str(port), "--database", str(work / "gateway.db"),
-            "--admin-key", admin, "--engine", "fake"]  # fmt: skip
-    try:
+    with run_children("turnstile-rss-") as children:
+        db = str(children.log_dir / "gateway.db")
+        argv = [TURNSTILE, "serve", "--port", str(port), "--database", db,
+                "--admin-key", admin, "--engine", "fake"]  # fmt: skip
         if args.engine == "external":
             url = engine_server.start(children, *engine_server.answer_ids())
             argv[-1:] = ["sglang", "--engine-url", url]  # instead of "fake"
@@ -135,9 +131,6 @@ async def main_async(args: argparse.Namespace) -> int:
               f"torch/transformers files mapped: {heavy or 'none'}", flush=True)  # fmt: skip
         every = range(args.every, args.sessions + 1, args.every)
         rss = await drive(server, url, admin, args, {args.first, args.sessions, *every})
-    finally:
-        children.stop_all()
-    shutil.rmtree(work, ignore_errors=True)  # the store of 20,000 sessions (kept on a crash)
     ratio = rss[args.sessions] / rss[args.first]
     print(f"RSS {args.sessions} / {args.first} sessions: {ratio:.3f}x")
     if args.write_docs:
