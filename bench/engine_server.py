@@ -53,18 +53,16 @@ def make_app(ids: list[int], text: str, eos: int, context: int) -> web.Applicati
 
     async def generate(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
-        n_in = len(body["input_ids"])
         meta = {
             "id": f"bench{next(_rids)}",
             "finish_reason": {"type": "stop", "matched": eos},
-            "prompt_tokens": n_in,
+            "prompt_tokens": len(body["input_ids"]),
             "weight_version": "0",
             "completion_tokens": len(ids),
             "cached_tokens": 0,
             "output_token_logprobs": triples if body.get("return_logprob") else None,
         }
-        out = {"text": text, "output_ids": ids, "meta_info": meta}
-        return web.Response(body=json.dumps(out).encode(), content_type="application/json")
+        return web.json_response({"text": text, "output_ids": ids, "meta_info": meta})
 
     async def chat(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
@@ -87,7 +85,7 @@ def make_app(ids: list[int], text: str, eos: int, context: int) -> web.Applicati
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": len(ids), "total_tokens": 0},
         }
-        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+        return web.json_response(answer)
 
     async def info(_: web.Request) -> web.Response:
         return web.json_response({"context_length": context, "weight_version": "0"})

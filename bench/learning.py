@@ -161,12 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(HEADER, end="", flush=True)
     width = max(1, args.parallel)
+    slots = [args.core + i % width for i in range(len(args.seeds))]
     with ThreadPoolExecutor(width) as pool:
-        list(
-            pool.map(
-                lambda i_s: run_one(args, i_s[1], args.core + i_s[0] % width), enumerate(args.seeds)
-            )
-        )
+        list(pool.map(run_one, [args] * len(slots), args.seeds, slots))
     ok, verdict = write_table(Path(args.out), args.min_median_gain)
     print(verdict)
     return 0 if ok else 1

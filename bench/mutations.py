@@ -28,12 +28,10 @@ def run(mutation: str | None) -> tuple[bool, float, str]:
         [str(ROOT / ".venv/bin/pytest"), "-q", "-p", "tests.mutations", "tests/test_learning.py"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("E ")] or [
-        *out.stdout.splitlines(),
-        *out.stderr.splitlines(),
-        "",
-    ][-2:]
-    return out.returncode == 0, time.time() - started, lines[0].strip()[:160]
+    # why: pytest's first "E " line, else the output's last line
+    output = [*out.stdout.splitlines(), *out.stderr.splitlines()] or [""]
+    why = next((ln for ln in out.stdout.splitlines() if ln.startswith("E ")), output[-1])
+    return out.returncode == 0, time.time() - started, why.strip()[:160]
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -35,20 +36,15 @@ def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:] or rows  # the first step pays for start-up in both modes
 
-    def avg(key: str) -> float:
-        vals = [r.get(key) or 0.0 for r in later]
-        return sum(vals) / len(vals)
-
+    per_step = ("step_s", "rollout_wait_s", "train_s", "staleness_mean")
+    means = {k: statistics.fmean(r.get(k) or 0.0 for r in later) for k in per_step}
     return {
         "mode": mode,
         "max_staleness": staleness,
         "steps": steps,
         "wall_s": wall,
         "loop_s": sum(r["step_s"] for r in rows),
-        "step_s": avg("step_s"),
-        "rollout_wait_s": avg("rollout_wait_s"),
-        "train_s": avg("train_s"),
-        "staleness_mean": avg("staleness_mean"),
+        **means,
         "reward_first": rows[0]["reward_mean"],
         "reward_last": rows[-1]["reward_mean"],
         "reward_mean": sum(r["reward_mean"] or 0 for r in rows) / len(rows),

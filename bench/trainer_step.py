@@ -72,7 +72,7 @@ class BareStep:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.item()
 
 
 def main() -> None:
