@@ -22,9 +22,14 @@ class GatewayAdmin:
         self.headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        resp = await self.client.request(
-            method, self.base_url + path, headers=self.headers, **kwargs
-        )
+        url = self.base_url + path
+        try:
+            resp = await self.client.request(method, url, headers=self.headers, **kwargs)
+        except httpx.TransportError:
+            if method != "GET":  # a POST may have landed: sending it again could apply it twice
+                raise
+            # e.g. a keep-alive connection the gateway closed just as it was reused
+            resp = await self.client.request(method, url, headers=self.headers, **kwargs)
         if resp.status_code >= 400:
             try:
                 err = resp.json()["error"]
