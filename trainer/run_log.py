@@ -1,6 +1,6 @@
 """What a run leaves behind: metrics.jsonl (one line a step), eval.jsonl (held-out
 evaluations), the same scalars in each configured experiment tracker (TensorBoard by
-default; trainer/trackers/), and a reward-curve PNG. A resumed run keeps the rows of
+default; trainer/trackers.py), and a reward-curve PNG. A resumed run keeps the rows of
 the steps it already made."""
 
 from __future__ import annotations

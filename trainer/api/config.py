@@ -222,7 +222,7 @@ class EvalConfig:
 
 @dataclass
 class TrackersConfig:
-    """Where the run's per-step metrics go besides metrics.jsonl (trainer/trackers/)."""
+    """Where the run's per-step metrics go besides metrics.jsonl (trainer/trackers.py)."""
 
     backends: list[str] = setting(
         ["tensorboard"],
