@@ -11,14 +11,15 @@ loop), lazily, at most ``max_workers`` of them. Each worker is its own process w
 own pipe, so one that dies (``os._exit``, a segfault, the OOM killer) fails only the call
 it was running; the next call starts a fresh worker. Classes from files loaded by
 ``trainer.loading`` ("path/file.py:Class") live in modules with generated names that a
-fresh interpreter cannot import, so each call also ships (module name -> file path) for
-those and the worker imports them before unpickling the agent.
+fresh interpreter cannot import, so each call also ships those files' paths and the
+worker imports them (``trainer.loading.import_file``: the same names) before unpickling.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import multiprocessing
 import multiprocessing.util  # its exit hook (joins children) must run after ours
@@ -32,7 +33,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-from trainer.loading import WorkflowError
+from trainer.loading import WorkflowError, import_file
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +69,6 @@ class SubprocAgentError(RuntimeError):
 
     remote_type = "SubprocAgentError"
     remote_traceback = ""
-
-
-_remote_error_classes: dict[str, type[SubprocAgentError]] = {}
-
-
-def _remote_error_class(type_name: str) -> type[SubprocAgentError]:
-    cls = _remote_error_classes.get(type_name)
-    if cls is None:
-        cls = type(type_name, (SubprocAgentError,), {"remote_type": type_name})
-        _remote_error_classes[type_name] = cls
-    return cls
-
-
-class _RemoteTraceback(Exception):
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.tb}"""'
 
 
 def _type_name(obj: Any) -> str:
@@ -133,41 +114,30 @@ def _culprit(obj: Any, where: str, depth: int) -> str | None:
     return None
 
 
-def file_modules() -> tuple[tuple[str, str], ...]:
-    """(module name, file path) of every agent module trainer.loading loaded by path."""
-    out = []
-    for name, module in list(sys.modules.items()):
-        if name.startswith(FILE_MODULE_PREFIX):
-            path = getattr(module, "__file__", None)
-            if path:
-                out.append((name, path))
-    return tuple(sorted(out))
+def file_modules() -> tuple[str, ...]:
+    """The file of every agent module trainer.loading loaded by path."""
+    modules = list(sys.modules.items())
+    return tuple(
+        sorted(
+            m.__file__
+            for name, m in modules
+            if name.startswith(FILE_MODULE_PREFIX) and getattr(m, "__file__", None)
+        )
+    )
 
 
 # ---- the worker side -------------------------------------------------------------------
 
 
-def _import_file_modules(modules: tuple[tuple[str, str], ...]) -> list[str]:
-    """Import the shipped file modules; return what failed (it matters only if needed)."""
-    import importlib.util
-
+def _import_file_modules(paths: tuple[str, ...]) -> list[str]:
+    """Import the shipped agent files under the trainer's module names (import_file derives
+    the name from the path); return what failed (it matters only if needed)."""
     failed = []
-    for name, path in modules:
-        if name in sys.modules:
-            continue
+    for path in paths:
         try:
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"no loader for {path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
+            import_file(path)
         except Exception as exc:
-            failed.append(f"{path}: {type(exc).__name__}: {exc}")
+            failed.append(f"{type(exc).__name__}: {exc}")
     return failed
 
 
@@ -311,33 +281,20 @@ class SubprocAgentPool:
                 api_key,
             )
         )
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
         cancelled = threading.Event()
-
-        def deliver(ok: bool, value: Any) -> None:
-            if fut.done():
-                return
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done.set_running_or_notify_cancel()  # the thread always answers; a cancelled caller drops it
 
         def target() -> None:
             try:
-                result: Any = self._call(job, cancelled)
-                ok = True
+                done.set_result(self._call(job, cancelled))
             except BaseException as exc:
-                result, ok = exc, False
-            try:
-                loop.call_soon_threadsafe(deliver, ok, result)
-            except RuntimeError:  # the event loop is gone; nobody is waiting
-                pass
+                done.set_exception(exc)
 
         # A daemon thread per call waits on the pipe, so a stuck agent never blocks exit.
         threading.Thread(target=target, name="subproc-agent-call", daemon=True).start()
         try:
-            reply = await fut
+            reply = await asyncio.wrap_future(done)
         except asyncio.CancelledError:
             cancelled.set()  # a call still waiting for a worker is dropped
             raise
@@ -444,19 +401,15 @@ class SubprocAgentPool:
                 "'path/file.py:Class' workflow), or use rollout.agent.mode: inline.\n"
                 f"Worker traceback:\n{tb}"
             )
-        exc: BaseException | None = None
-        if blob is not None:
-            try:
-                exc = pickle.loads(blob)
-            except Exception:
-                exc = None
-        if not isinstance(exc, BaseException):
-            exc = _remote_error_class(type_name)(message)
-            exc.remote_traceback = tb  # type: ignore[union-attr]
-        elif not isinstance(exc, Exception):  # SystemExit etc.: an agent error, not ours
-            exc = _remote_error_class(type_name)(message)
-            exc.remote_traceback = tb  # type: ignore[union-attr]
-        raise exc from _RemoteTraceback(tb)
+        try:
+            exc = pickle.loads(blob) if blob is not None else None
+        except Exception:
+            exc = None
+        if not isinstance(exc, Exception):  # not sent as itself, or SystemExit etc.
+            attrs = {"remote_type": type_name, "remote_traceback": tb}
+            exc = type(type_name, (SubprocAgentError,), attrs)(message)
+        exc.add_note(f"Worker traceback:\n{tb}")
+        raise exc
 
     def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
         """Stop every worker (idle ones at once; busy ones are terminated). Idempotent."""
