@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,6 @@ import httpx
 from gateway.reward_values import finite_reward
 from trainer.loading import WorkflowError
 from trainer.rollout.gateway_admin import GatewayAdmin, GatewayRequestError
-from trainer.rollout.gateways import GatewayPicker
 from trainer.rollout.subproc import SubprocAgentPool, SubprocWorkerDied, check_picklable
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,9 @@ class AgentRunner(EpisodeRunner):
             from trainer.rollout.ray_agents import RayAgentPool
 
             self._pool = RayAgentPool(**(placement.ray or {}))
-        self.gateways = GatewayPicker(gateways)
+        # round robin: each gateway gets an equal share of sessions, and a session sticks to one
+        self.gateways = itertools.cycle(list(gateways))
+        self.several_gateways = len(gateways) > 1
         self.agent = agent
         self.http_client = http_client
         self.sessions = sessions
@@ -177,9 +179,9 @@ class AgentRunner(EpisodeRunner):
 
     async def _run_once(self, data: dict[str, Any], group: int) -> Episode:
         """One run of the agent in a session of its own; a dead worker ends it unused."""
-        admin, base_url = self.gateways.pick()
+        admin, base_url = next(self.gateways)
         metadata = {**self.sessions.metadata, "group": group}
-        if len(self.gateways.gateways) > 1:
+        if self.several_gateways:
             metadata["gateway"] = base_url
         session_id, api_key = await admin.create_session(metadata, self.sessions.sampling)
         ep = Episode(group=group, session_id=session_id)

@@ -16,6 +16,7 @@ cancelled).
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import time
 from typing import TYPE_CHECKING, Any
@@ -87,13 +88,9 @@ class RolloutEngine:
 
     def fork(self) -> RolloutEngine:
         """The same engine with its own request counter (one per episode)."""
-        child = RolloutEngine(
-            self.engine,
-            self.loop,
-            default_stop_token_ids=self.default_stop_token_ids,
-            recorder=self.recorder,
-        )
-        child._route_key = self._route_key
+        child = copy.copy(self)
+        child.session_id = None
+        child.num_requests = 0
         return child
 
     @classmethod

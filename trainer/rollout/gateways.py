@@ -13,7 +13,6 @@ so every token a replica records after the push carries the new policy version.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,20 +26,6 @@ def v1_url(url: str) -> str:
     from trainer.backend.weight_push import gateway_root
 
     return f"{gateway_root(url)}/v1"
-
-
-class GatewayPicker:
-    """Which gateway a new session goes to: round robin, so each gets an equal share
-    of sessions (a session then sticks to its gateway)."""
-
-    def __init__(self, gateways: Sequence[tuple[GatewayAdmin, str]]) -> None:
-        if not gateways:
-            raise ValueError("no gateway to send sessions to")
-        self.gateways = list(gateways)
-        self._turn = itertools.count()
-
-    def pick(self) -> tuple[GatewayAdmin, str]:
-        return self.gateways[next(self._turn) % len(self.gateways)]
 
 
 class RemoteGateways:
