@@ -25,7 +25,7 @@ from gateway.entrypoints.openai import models
 from gateway.entrypoints.openai.chat_completion import api_router as chat_completion
 from gateway.entrypoints.openai.completion import api_router as completion
 from gateway.entrypoints.openai.responses import api_router as responses
-from gateway.errors import BodySizeLimit, install_error_handlers
+from gateway.errors import install_error_handlers
 from gateway.inference.base import InferenceEngine
 from gateway.inference.model_source import resolve_model_dir
 from gateway.inference.registry import make_inference_engine
@@ -109,8 +109,8 @@ def create_app(
     app.state.gateway = state
     # innermost: the generating POSTs, answered before the router (hot_routes.py)
     app.add_middleware(GeneratingRoutes, routers=[m.router for m in ROUTERS])
-    install_error_handlers(app)  # then the unexpected-error catcher
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    # then the body-size limit and the unexpected-error catcher
+    install_error_handlers(app, config.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status
     for module in ROUTERS:
         app.include_router(module.router)

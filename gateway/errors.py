@@ -128,10 +128,6 @@ def register_error_shape(prefix: str, shape: ErrorShape) -> None:
     _SHAPES[:] = [(p, s) for p, s in _SHAPES if p != prefix] + [(prefix, shape)]
 
 
-async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc, request.url.path)
-
-
 async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
@@ -145,11 +141,9 @@ async def _validation(request: Request, exc: RequestValidationError) -> JSONResp
     return error_response(APIError(400, msg, code="invalid_request", param=param), request.url.path)
 
 
-async def _store(_: Request, exc: DBAPIError) -> JSONResponse:
-    if store_unavailable(exc):
-        return error_response(store_unavailable_error(exc))
-    log.error("store query failed", exc_info=exc)
-    return error_response(APIError(500, "internal error: store query failed"))
+async def _answer(request: Request, exc: Exception) -> JSONResponse:
+    """An APIError as it is; a store error (503 when the store is down), or a bug: 500."""
+    return error_response(as_api_error(exc), request.url.path)
 
 
 async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -159,46 +153,17 @@ async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
 # The gateway's exception handlers, by class: given to FastAPI, and used as they are by
 # the generating routes' dispatcher (gateway/entrypoints/hot_routes.py).
 EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]] = {
-    APIError: _api_error,
+    APIError: _answer,
     RequestValidationError: _validation,
-    DBAPIError: _store,
+    DBAPIError: _answer,
     StarletteHTTPException: _http,
 }
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, max_body_bytes: int) -> None:
     for cls, handler in EXCEPTION_HANDLERS.items():
         app.add_exception_handler(cls, handler)
-    # Not `exception_handler(Exception)`: Starlette runs that one in its outermost
-    # middleware and re-raises afterwards, which makes uvicorn drop the keep-alive
-    # connection under the client's feet. Answering here keeps the connection usable.
-    app.add_middleware(_CatchUnexpected)
-
-
-class _CatchUnexpected:
-    """Pure ASGI middleware: an unexpected exception becomes an OpenAI-shaped 500."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_tracked(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracked)
-        except Exception as exc:
-            if started:
-                raise
-            await error_response(as_api_error(exc), scope.get("path", ""))(scope, receive, send)
+    app.add_middleware(_Guard, max_bytes=max_body_bytes)
 
 
 def check_finite(value: float, param: str) -> float:
@@ -213,8 +178,13 @@ def check_finite(value: float, param: str) -> float:
     return number
 
 
-class BodySizeLimit:
-    """Pure ASGI middleware: a request body over `max_bytes` is a 413, read no further."""
+class _Guard:
+    """Pure ASGI middleware for what no handler answers: a request body over `max_bytes`
+    is a 413, read no further; an unexpected exception is a 500 in the API's shape.
+
+    Not `exception_handler(Exception)`: Starlette runs that one in its outermost
+    middleware and re-raises afterwards, which makes uvicorn drop the keep-alive
+    connection under the client's feet. Answering here keeps the connection usable."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
@@ -224,41 +194,56 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope.get("path", "")
         declared = dict(scope.get("headers") or ()).get(b"content-length")
-        if declared is not None:
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._too_large(scope, receive, send)
-                return
-            await self.app(scope, receive, send)  # the server enforces the declared length
-            return
-        # No length (a chunked upload): read it here, up to the limit, then hand it on.
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                await self._too_large(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        replayed = False
+        if declared is None:  # no length (a chunked upload): read it here, up to the limit
+            body = bytearray()
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away
+                body += message.get("body", b"")
+                if len(body) > self.max_bytes:
+                    await error_response(self._too_large(), path)(scope, receive, send)
+                    return
+                if not message.get("more_body", False):
+                    break
+            receive = _replay(bytes(body), receive)
+        elif declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(self._too_large(), path)(scope, receive, send)
+            return  # (a declared length within the limit: the server enforces it)
+        started = False
 
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            if started:
+                raise
+            await error_response(as_api_error(exc), path)(scope, receive, send)
 
-    async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
-        error = APIError(
+    def _too_large(self) -> APIError:
+        return APIError(
             413,
             f"The request body is larger than this gateway accepts ({self.max_bytes} bytes).",
             code="request_too_large",
             retryable=False,
         )
-        await error_response(error, scope.get("path", ""))(scope, receive, send)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """`receive` that hands out `body` first (read already), then what the client sends."""
+    replayed = False
+
+    async def replay() -> Any:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
