@@ -47,7 +47,7 @@ def start(
     return f"http://127.0.0.1:{port}"
 
 
-def make_app(ids: list[int], text: str, eos: int, context: int) -> web.Application:
+def make_app(ids: list[int], text: str, eos: int, context: int = 65536) -> web.Application:
     logprobs = [-0.05 - (i % 7) * 0.01 for i in range(len(ids))]
     triples = [[lp, tok, None] for lp, tok in zip(logprobs, ids, strict=True)]
 
@@ -101,16 +101,14 @@ def make_app(ids: list[int], text: str, eos: int, context: int) -> web.Applicati
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--ids", required=True, help="the answer's token ids, comma-separated")
     p.add_argument("--text", required=True, help="the answer's text")
     p.add_argument("--eos", type=int, required=True, help="the stop token (last of --ids)")
-    p.add_argument("--context", type=int, default=65536)
     args = p.parse_args(argv)
     ids = [int(x) for x in args.ids.split(",")]
-    app = make_app(ids, args.text, args.eos, args.context)
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    app = make_app(ids, args.text, args.eos)
+    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,14 @@
-"""Load generator: concurrent agents running multi-turn chats, non-streaming.
+"""Load generator of bench/hot_path.py: concurrent agents running multi-turn chats,
+non-streaming.
 
 A conversation is `turns` chat completions in one session, each sending the whole
 history, as an agent does; the same code drives the gateway (a session key per
-conversation) and an engine called directly. aiohttp, since an httpx client tops out
+conversation) and the pass-through (no session). aiohttp, since an httpx client tops out
 near 300 requests/s on one core (DESIGN.md, "Targets").
-
-    python -m bench.load --url http://127.0.0.1:8000/v1 --admin-key KEY -c 16 -n 4000
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -29,7 +27,7 @@ SYSTEM = " ".join(
     "keep every change small, run the tests after each edit, and report what changed."
     for i in range(1, 12)
 )
-BODY = {"max_tokens": 64, "temperature": 1.0, "logprobs": True}
+BODY = {"model": "default", "max_tokens": 64, "temperature": 1.0, "logprobs": True}
 
 
 def question(conversation: int, turn: int) -> str:
@@ -152,7 +150,6 @@ class Chat:
     http: aiohttp.ClientSession
     url: str
     result: LevelResult
-    model: str = "default"
 
     async def turn(
         self, conv: Conversation, number: int, turn: int, messages: list, next_user: str
@@ -163,7 +160,7 @@ class Chat:
         headers = {"content-type": "application/json"}
         if conv.api_key:
             headers["authorization"] = f"Bearer {conv.api_key}"
-        body = json.dumps({"model": self.model, "messages": messages, **BODY}).encode()
+        body = json.dumps({"messages": messages, **BODY}).encode()
         t0 = time.perf_counter()
         try:
             async with self.http.post(self.url, data=body, headers=headers) as resp:
@@ -198,7 +195,6 @@ async def run_level(
     concurrency: int,
     conversations: list[Conversation],
     turns: int = 4,
-    model: str = "default",
     timeout_s: float = 60.0,
     first_conversation: int = 0,
 ) -> LevelResult:
@@ -215,7 +211,7 @@ async def run_level(
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector(concurrency), timeout=timeout) as http:
-        chat = Chat(http, f"{base_url}/chat/completions", result, model)
+        chat = Chat(http, f"{base_url}/chat/completions", result)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         await asyncio.gather(*(agent(chat) for _ in range(concurrency)))
@@ -268,30 +264,3 @@ async def run_long(
                 break
         result.wall_s = time.perf_counter() - t0
     return result
-
-
-async def _main(args: argparse.Namespace) -> None:
-    base = args.url.rstrip("/")
-    n_conv = max(1, args.requests // args.turns)
-    if args.direct:
-        convs = [Conversation() for _ in range(n_conv)]
-    else:
-        convs = await create_sessions(base, args.admin_key, n_conv)
-    res = await run_level(base, "cli", args.concurrency, convs, args.turns, args.model)
-    print(json.dumps(res.summary(), indent=2))
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Multi-turn chat load against an OpenAI-style URL.")
-    p.add_argument("--url", required=True, help="base URL ending in /v1")
-    p.add_argument("--admin-key", help="gateway admin key (sessions are created with it)")
-    p.add_argument("--direct", action="store_true", help="no sessions: an engine called directly")
-    p.add_argument("-c", "--concurrency", type=int, default=16)
-    p.add_argument("-n", "--requests", type=int, default=2000)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--model", default="default")
-    asyncio.run(_main(p.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    main()

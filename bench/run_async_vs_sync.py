@@ -10,7 +10,6 @@ trains. Writes its section of docs/benchmarks.md and runs/bench/async_vs_sync.js
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -18,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.report import ROOT, measured_on, section, table, write_section
+from bench.report import ROOT, arguments, measured_on, section, table, write_section
 
 
 def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
@@ -80,17 +79,17 @@ def doc_section(results: list[dict], steps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = arguments(__doc__)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--out", default="runs/bench/async_vs_sync")
-    p.add_argument("--doc", default="docs/benchmarks.md")
     args = p.parse_args(argv)
     out = ROOT / args.out
     results = [run("sync", 0, args.steps, out), run("async", 1, args.steps, out)]
     (out.parent / "async_vs_sync.json").write_text(json.dumps(results, indent=2))
     text = doc_section(results, args.steps)
-    write_section(text, ROOT / args.doc)
     print(text)
+    if args.write_docs:
+        write_section(text)
     return 0
 
 
