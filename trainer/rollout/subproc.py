@@ -142,16 +142,14 @@ def _import_file_modules(paths: tuple[str, ...]) -> list[str]:
 
 
 def _error_reply(kind: str, exc: BaseException, note: str = "") -> bytes:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = "".join(traceback.format_exception(exc))
     try:
         message = str(exc)
     except Exception:
         message = repr(exc)
     message += note
-    blob: bytes | None = None
-    try:  # send the exception itself when it survives a round trip
-        blob = pickle.dumps(exc)
-        pickle.loads(blob)
+    try:  # the exception itself (the trainer falls back to its name if it cannot load it)
+        blob: bytes | None = pickle.dumps(exc)
     except Exception:
         blob = None
     return pickle.dumps((kind, type(exc).__name__, message, tb, blob))
@@ -211,22 +209,16 @@ class _Worker:
         child.close()  # so a dead worker reads as EOF here
         self.calls = 0
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
     def stop(self, grace_s: float) -> None:
         try:
             self.conn.close()  # an idle worker exits on EOF
         except OSError:
             pass
         self.process.join(grace_s)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(1.0)
-        if self.process.is_alive():  # pragma: no cover - ignores SIGTERM
-            self.process.kill()
-            self.process.join(1.0)
+        for end in (self.process.terminate, self.process.kill):  # kill: it ignored SIGTERM
+            if self.process.is_alive():
+                end()
+                self.process.join(1.0)
 
 
 _live_pools: weakref.WeakSet[SubprocAgentPool] = weakref.WeakSet()
@@ -241,17 +233,13 @@ def _close_live_pools() -> None:  # pragma: no cover - exercised at interpreter 
 class SubprocAgentPool:
     """Up to ``max_workers`` spawned processes running ``agent.run``; see the module doc."""
 
-    def __init__(self, max_workers: int = 4, *, start_method: str = "spawn") -> None:
+    def __init__(self, max_workers: int = 4) -> None:
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1:
             raise WorkflowError(
                 f"rollout.agent.subproc_max_workers must be an integer >= 1, got {max_workers!r}"
             )
-        if start_method not in ("spawn", "forkserver"):
-            raise WorkflowError(
-                f"subproc start method must be 'spawn' or 'forkserver', got {start_method!r}"
-            )
         self.max_workers = max_workers
-        self._ctx = multiprocessing.get_context(start_method)
+        self._ctx = multiprocessing.get_context("spawn")
         self._cond = threading.Condition()
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
@@ -260,13 +248,10 @@ class SubprocAgentPool:
         self._closed = False
         _live_pools.add(self)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def worker_pids(self) -> list[int]:
         with self._cond:
-            return [w.pid for w in [*self._idle, *self._busy] if w.pid is not None]
+            workers = [*self._idle, *self._busy]
+            return [w.process.pid for w in workers if w.process.pid is not None]
 
     async def run(self, agent: Any, data: Any, *, base_url: str, api_key: str) -> Any:
         """``agent.run(data)`` in a worker, with the session's URL and key in its env."""
@@ -283,7 +268,7 @@ class SubprocAgentPool:
         )
         cancelled = threading.Event()
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        done.set_running_or_notify_cancel()  # the thread always answers; a cancelled caller drops it
+        done.set_running_or_notify_cancel()  # the thread answers; a cancelled caller drops it
 
         def target() -> None:
             try:
@@ -321,8 +306,8 @@ class SubprocAgentPool:
                         "script must start the trainer under `if __name__ == '__main__':`)"
                     )
                 raise SubprocWorkerDied(
-                    f"the agent's worker process (pid {worker.pid}) died while running the "
-                    f"agent (exit code {code}); a fresh worker takes the next run{hint}"
+                    f"the agent's worker process (pid {worker.process.pid}) died while running "
+                    f"the agent (exit code {code}); a fresh worker takes the next run{hint}"
                 ) from None
             worker.calls += 1
             healthy = True
@@ -361,7 +346,7 @@ class SubprocAgentPool:
         if closed:
             self._checkin(worker, healthy=False)
             raise RuntimeError("the subproc agent pool is closed")
-        log.debug("started agent worker %s (pid %s)", name, worker.pid)
+        log.debug("started agent worker %s (pid %s)", name, worker.process.pid)
         return worker
 
     def _checkin(self, worker: _Worker, healthy: bool) -> None:
