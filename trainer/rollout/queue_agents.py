@@ -81,13 +81,6 @@ class QueueAgentRunner(RecordedEpisodeRunner):
         self.episode_timeout_s = episode_timeout_s
         super().__init__(engine, **kwargs)
 
-    async def play(self, engine: RolloutEngine, data: dict[str, Any]) -> tuple[Any, float | None]:
-        prompt = dict(data)
-        prompt["qid"] = uuid.uuid4().hex[:16]
-        temperatures: set[float] = set()
-        trajectories = await self._play(prompt, engine, temperatures)
-        return trajectories, next(iter(temperatures)) if len(temperatures) == 1 else None
-
     def sequences(self, out: Any) -> list[Returned]:
         if hasattr(out, "items"):  # one trajectory (or a batch) as a dict
             out = [out]
@@ -104,9 +97,9 @@ class QueueAgentRunner(RecordedEpisodeRunner):
                 raise SampleError(f"trajectory {i}: {exc}") from None
         return seqs
 
-    async def _play(
-        self, prompt: dict[str, Any], engine: RolloutEngine, temperatures: set[float]
-    ) -> Any:
+    async def play(self, engine: RolloutEngine, data: dict[str, Any]) -> tuple[Any, float | None]:
+        prompt = {**data, "qid": uuid.uuid4().hex[:16]}
+        temperatures: set[float] = set()
         obs_queue: asyncio.Queue = asyncio.Queue()
         act_queue: asyncio.Queue = asyncio.Queue()
         failed: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -123,7 +116,8 @@ class QueueAgentRunner(RecordedEpisodeRunner):
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if agent_task in done:
-                return agent_task.result()
+                temperature = next(iter(temperatures)) if len(temperatures) == 1 else None
+                return agent_task.result(), temperature
             if failed in done:
                 raise failed.exception()  # type: ignore[misc]
             raise TimeoutError(f"episode took longer than {self.episode_timeout_s} s")

@@ -35,7 +35,6 @@ from trainer.backend.batches import SampleError, as_tensor, split_sequences
 from trainer.rollout.agent_runner import Episode, EpisodeRunner
 
 if TYPE_CHECKING:
-    from gateway.serving.direct import DirectRecorder
     from trainer.rollout.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -219,20 +218,12 @@ def trained_chain(
     return chain[::-1]
 
 
-@dataclass
-class Settled:
-    """What the store now says of an episode: rewards by completion id, the generations
-    left out of training, and each returned sequence's chain."""
-
-    rewards: dict[str, float]
-    untrained: list[str]
-    chains: list[list[Completion]]
-
-
 def settle(
     seqs: list[Returned], completions: list[Completion], temperature: float | None
-) -> Settled:
-    """Each sequence's reward onto the last generation it trains (see module doc)."""
+) -> tuple[dict[str, float], list[str]]:
+    """Each sequence's reward onto the last generation it trains (see module doc): the
+    rewards by completion id, one per sequence in its order, and the generations left out
+    of training."""
     by_start: dict[int, list[Completion]] = {}
     for c in completions:
         if c["output_ids"]:
@@ -240,7 +231,6 @@ def settle(
     parents = {c["parent_id"] for c in completions if c["parent_id"]}
     rewards: dict[str, float] = {}
     used: set[str] = set()
-    chains = []
     ended_by: dict[str, int] = {}
     for i, seq in enumerate(seqs):
         try:
@@ -256,37 +246,7 @@ def settle(
         ended_by[leaf] = i
         rewards[leaf] = seq.reward
         used.update(c["id"] for c in chain)
-        chains.append(chain)
-    untrained = [c["id"] for c in completions if c["id"] not in used]
-    return Settled(rewards, untrained, chains)
-
-
-async def episode_samples(
-    ep: Episode,
-    recorder: DirectRecorder,
-    seqs: list[Returned],
-    *,
-    temperature: float | None,
-    export_style: str,
-    turn_discount: float,
-) -> None:
-    """Rewards into the episode's session, then its samples from the store, into `ep`.
-
-    `ep.raw[i]` holds what the episode returned for `ep.samples[i]` where that sample is
-    one returned sequence token for token (its other numeric keys join the training
-    batch); {} where the export style made the sample otherwise."""
-    completions = await recorder.completions(ep.session_id)
-    settled = settle(seqs, completions, temperature)
-    await recorder.settle(ep.session_id, settled.rewards, settled.untrained)
-    if seqs:
-        ep.reward = sum(s.reward for s in seqs) / len(seqs)
-    samples = await recorder.export(ep.session_id, export_style, turn_discount)
-    returned = {
-        (chain[-1]["id"], tuple(seq.ids)): seq.raw
-        for seq, chain in zip(seqs, settled.chains, strict=True)
-    }
-    ep.samples = [s.to_dict() for s in samples]
-    ep.raw = [returned.get((s.completion_ids[-1], tuple(s.input_ids)), {}) for s in samples]
+    return rewards, [c["id"] for c in completions if c["id"] not in used]
 
 
 # ---- the runner both token-level agent kinds share -----------------------------------
@@ -328,6 +288,26 @@ class RecordedEpisodeRunner(EpisodeRunner):
         """What `play` returned, checked (None: the episode is discarded)."""
         raise NotImplementedError
 
+    async def _samples(self, ep: Episode, seqs: list[Returned], temperature: float | None) -> None:
+        """Rewards into the episode's session, then its samples from the store, into `ep`.
+
+        `ep.raw[i]` holds what the episode returned for `ep.samples[i]` where that sample
+        is one returned sequence token for token (its other numeric keys join the training
+        batch); {} where the export style made the sample otherwise."""
+        recorder = self.engine.recorder
+        assert recorder is not None
+        rewards, untrained = settle(seqs, await recorder.completions(ep.session_id), temperature)
+        await recorder.settle(ep.session_id, rewards, untrained)
+        if seqs:
+            ep.reward = sum(s.reward for s in seqs) / len(seqs)
+        samples = await recorder.export(ep.session_id, self.export_style, self.turn_discount)
+        # `rewards` holds each sequence's last trained generation, in the sequences' order
+        returned = {
+            (leaf, tuple(seq.ids)): seq.raw for seq, leaf in zip(seqs, rewards, strict=True)
+        }
+        ep.samples = [s.to_dict() for s in samples]
+        ep.raw = [returned.get((s.completion_ids[-1], tuple(s.input_ids)), {}) for s in samples]
+
     async def run_episode(self, data: dict[str, Any], group: int) -> Episode:
         async with self._sem:
             engine = self.engine.fork()
@@ -337,11 +317,7 @@ class RecordedEpisodeRunner(EpisodeRunner):
                 out, temperature = await self.play(engine, copy.deepcopy(data))
                 seqs = self.sequences(out)
                 if seqs is not None:
-                    assert engine.recorder is not None
-                    await episode_samples(
-                        ep, engine.recorder, seqs, temperature=temperature,
-                        export_style=self.export_style, turn_discount=self.turn_discount,
-                    )  # fmt: skip
+                    await self._samples(ep, seqs, temperature)
             except SampleError as exc:
                 ep.error = f"{self.malformed}: {exc}"
             except Exception as exc:  # the user's bug must not kill training
