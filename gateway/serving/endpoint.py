@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from gateway.chat.events import Event, content_events
+from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall, content_events
 from gateway.chat.output_parser import OutputParser
 from gateway.config import GatewayConfig
 from gateway.errors import APIError, as_api_error
@@ -110,22 +110,42 @@ class Choice:
         return []
 
 
-class WriterChoice(Choice):
-    """The one choice of an endpoint whose writer keeps the answer (its content blocks,
-    its output items): frames are made even when not streamed.
+class BlockChoice(Choice, abc.ABC):
+    """The one choice of an endpoint whose answer is a list of blocks (Messages' content
+    blocks, Responses' output items): text and reasoning go into the open block of their
+    kind (another kind's is closed first), a tool call is a block of its own. The blocks
+    are kept, as the recorded answer is built from them, so frames are made even when
+    not streamed (`emit=False`: the subclass's frames are empty).
 
     The stream opens (`start_frames`) once the engine has answered: an engine that is
     down before then is an HTTP error the client retries, not a broken stream."""
 
-    def __init__(self, parser: OutputParser | None, writer: Any) -> None:
+    REASONING = "reasoning"  # the kind of a reasoning block, as the API names it
+
+    def __init__(self, parser: OutputParser | None, emit: bool) -> None:
         super().__init__(0, parser, True)
-        self.writer = writer
+        self.emit = emit
+        self.blocks: list[Any] = []  # the finished blocks
+        self.kind: str | None = None  # the open block's: text or REASONING
+        self.parts: list[str] = []  # the open block's text so far
         self._started = False
 
     def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
-        if not events:
-            return []
-        return self.started() + self.writer.events(events)
+        frames = self.started() if events else []
+        for event in events:
+            if isinstance(event, ContentEvent):
+                frames += self.write("text", event.text)
+            elif isinstance(event, ReasoningEvent):
+                frames += self.write(self.REASONING, event.text)
+            else:
+                frames += self.close() + self.tool_call(event.call)
+        return frames
+
+    def on_end(self) -> list[bytes]:
+        frames = self.started() + super().on_end()
+        if not self.blocks and self.kind is None:
+            frames += self.empty()
+        return frames + self.close()
 
     def started(self) -> list[bytes]:
         """The opening frames, the first time only."""
@@ -134,8 +154,48 @@ class WriterChoice(Choice):
         self._started = True
         return self.start_frames()
 
+    def write(self, kind: str, text: str) -> list[bytes]:
+        """Text into the open block of `kind`, opened first (closing another) if need be."""
+        frames: list[bytes] = []
+        if self.kind != kind:
+            frames = self.close()
+            self.kind, self.parts = kind, []
+            frames += self.opened(kind)
+        if text:
+            self.parts.append(text)
+            frames += self.delta(kind, text)
+        return frames
+
+    def close(self) -> list[bytes]:
+        """Close the open block, if any: it joins `blocks`."""
+        if self.kind is None:
+            return []
+        block, frames = self.closed(self.kind, "".join(self.parts))
+        self.blocks.append(block)
+        self.kind = None
+        return frames
+
+    # ---- what each API states: its frames, and its blocks ----------------------------
     def start_frames(self) -> list[bytes]:
         return []
+
+    def empty(self) -> list[bytes]:
+        """What an answer with no block at all holds (nothing, unless the API says)."""
+        return []
+
+    @abc.abstractmethod
+    def opened(self, kind: str) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def delta(self, kind: str, text: str) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def closed(self, kind: str, text: str) -> tuple[Any, list[bytes]]:
+        """The finished block of `kind` (at index `len(self.blocks)`) and its frames."""
+
+    @abc.abstractmethod
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        """A complete tool call: its block appended, its frames."""
 
 
 class ServingEndpoint(abc.ABC, Generic[Req]):

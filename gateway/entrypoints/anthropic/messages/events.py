@@ -1,9 +1,10 @@
-"""The content blocks of one answer, and the event stream that announces them:
-`message_start`, `ping`, then per block `content_block_start`, `content_block_delta`s
-(`text_delta`, `thinking_delta`, `signature_delta`, `input_json_delta`) and
-`content_block_stop`; then `message_delta` (stop reason, usage) and `message_stop`.
+"""The one choice of a message: its content blocks, and the event stream that announces
+them: `message_start`, `ping`, then per block `content_block_start`,
+`content_block_delta`s (`text_delta`, `thinking_delta`, `signature_delta`,
+`input_json_delta`) and `content_block_stop`; then `message_delta` (stop reason, usage)
+and `message_stop`.
 
-The writer keeps the finished blocks, so the `Message` recorded and answered at the end
+The choice keeps the finished blocks, so the `Message` recorded and answered at the end
 holds what the stream announced; without a stream (`emit=False`) it only keeps them.
 Every block opened is closed: Claude Code breaks on a missing `content_block_stop`.
 """
@@ -13,108 +14,80 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall
+from gateway.chat.events import ToolCall
+from gateway.chat.output_parser import OutputParser
 from gateway.entrypoints.anthropic.errors import anthropic_error
 from gateway.entrypoints.anthropic.messages.protocol import tool_use_block, tool_use_id
 from gateway.errors import APIError
+from gateway.serving.endpoint import BlockChoice
+from gateway.serving.turn import Answer
 from gateway.sse import sse_event
 
 
-class BlockWriter:
-    def __init__(self, message_id: str, sign: Callable[[str], str], emit: bool = True) -> None:
-        """`sign(thinking text)`: its signature (for this session, gateway/signing.py)."""
-        self.message_id = message_id
-        self.sign = sign
-        self.emit = emit
-        self.blocks: list[dict[str, Any]] = []  # finished content blocks
+class MessageChoice(BlockChoice):
+    REASONING = "thinking"
+
+    def __init__(
+        self,
+        start: dict[str, Any],
+        sign: Callable[[str], str],
+        parser: OutputParser | None = None,
+        emit: bool = True,
+    ) -> None:
+        """`start`: the message as `message_start` announces it (its id names the tool
+        calls); `sign(thinking text)`: its signature (for this session, gateway/signing.py)."""
+        super().__init__(parser, emit)
+        self.start, self.sign = start, sign
         self.tool_arguments: dict[str, str] = {}  # tool_use id -> the arguments generated
-        self._open: dict[str, Any] | None = None  # the block being written
-        self._parts: list[str] = []
-        self._calls = 0
 
     def _frame(self, type: str, **fields: Any) -> bytes:
         return sse_event({"type": type, **fields}, type) if self.emit else b""
 
-    def start(self, message: dict[str, Any]) -> list[bytes]:
+    def start_frames(self) -> list[bytes]:
         """`message_start` (with usage: the SDKs need it) and a first `ping`."""
-        return [self._frame("message_start", message=message), self._frame("ping")]
+        return [self._frame("message_start", message=self.start), self._frame("ping")]
 
-    def events(self, events: list[Event]) -> list[bytes]:
-        frames: list[bytes] = []
-        for event in events:
-            if isinstance(event, ContentEvent):
-                frames += self.write("text", event.text)
-            elif isinstance(event, ReasoningEvent):
-                frames += self.write("thinking", event.text)
-            else:
-                frames += self.tool_use(event.call)
-        return frames
+    def opened(self, kind: str) -> list[bytes]:
+        block = {"type": kind, kind: ""}  # text or thinking
+        if kind == "thinking":
+            block["signature"] = ""
+        return [self._frame("content_block_start", index=len(self.blocks), content_block=block)]
 
-    def write(self, kind: str, text: str) -> list[bytes]:
-        """Text or thinking, into the open block of that kind (opened as needed)."""
-        if not text:
-            return []
-        frames: list[bytes] = []
-        if self._open is None or self._open["type"] != kind:
-            frames += self.close()
-            self._open = {"type": kind, kind: ""}  # text or thinking
-            if kind == "thinking":
-                self._open["signature"] = ""
-            self._parts = []
-            frames.append(
-                self._frame("content_block_start", index=len(self.blocks), content_block=self._open)
-            )
-        self._parts.append(text)
+    def delta(self, kind: str, text: str) -> list[bytes]:
         delta = {"type": f"{kind}_delta", kind: text}
-        frames.append(self._frame("content_block_delta", index=len(self.blocks), delta=delta))
-        return frames
+        return [self._frame("content_block_delta", index=len(self.blocks), delta=delta)]
 
-    def close(self) -> list[bytes]:
-        """Close the open block, if any (a thinking block gets its signature first)."""
-        if self._open is None:
-            return []
-        index, text = len(self.blocks), "".join(self._parts)
-        frames = []
-        if self._open["type"] == "text":
-            block: dict[str, Any] = {"type": "text", "text": text}
-        else:
-            signature = self.sign(text)
-            block = {"type": "thinking", "thinking": text, "signature": signature}
+    def closed(self, kind: str, text: str) -> tuple[Any, list[bytes]]:
+        """The block (a thinking block gets its signature first)."""
+        index, frames = len(self.blocks), []
+        block: dict[str, Any] = {"type": kind, kind: text}
+        if kind == "thinking":
+            block["signature"] = signature = self.sign(text)
             delta = {"type": "signature_delta", "signature": signature}
             frames.append(self._frame("content_block_delta", index=index, delta=delta))
         frames.append(self._frame("content_block_stop", index=index))
-        self.blocks.append(block)
-        self._open = None
-        return frames
+        return block, frames
 
-    def tool_use(self, call: ToolCall) -> list[bytes]:
-        """A complete tool call: its block, its input in one `input_json_delta`."""
-        frames = self.close()
-        if not call.id.startswith("toolu_"):
-            call.id = tool_use_id(self.message_id, self._calls)  # names this answer
-        self._calls += 1
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        """Its block, its input in one `input_json_delta`."""
+        if not call.id.startswith("toolu_"):  # names this answer
+            call.id = tool_use_id(self.start["id"], len(self.tool_arguments))
         index = len(self.blocks)
         block = tool_use_block(call)
-        arguments = call.arguments or "{}"
-        self.tool_arguments[call.id] = arguments
-        frames += [
+        arguments = self.tool_arguments[call.id] = call.arguments or "{}"
+        self.blocks.append(block)
+        delta = {"type": "input_json_delta", "partial_json": arguments}
+        return [
             self._frame("content_block_start", index=index, content_block={**block, "input": {}}),
-            self._frame(
-                "content_block_delta",
-                index=index,
-                delta={"type": "input_json_delta", "partial_json": arguments},
-            ),
+            self._frame("content_block_delta", index=index, delta=delta),
             self._frame("content_block_stop", index=index),
         ]
-        self.blocks.append(block)
-        return frames
 
-    def finish(
-        self, stop_reason: str, stop_sequence: str | None, usage: dict[str, int]
-    ) -> list[bytes]:
-        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+    def done(self, answer: Answer) -> list[bytes]:
+        m = answer.response["message"]
+        delta = {"stop_reason": m["stop_reason"], "stop_sequence": m["stop_sequence"]}
         return [
-            self._frame("message_delta", delta=delta, usage=usage),
+            self._frame("message_delta", delta=delta, usage=m["usage"]),
             self._frame("message_stop"),
         ]
 

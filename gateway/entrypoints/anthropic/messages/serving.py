@@ -27,46 +27,23 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from gateway.chat.events import ToolCall
-from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
 from gateway.entrypoints.anthropic.messages import protocol as p_
-from gateway.entrypoints.anthropic.messages.events import BlockWriter, error_event
+from gateway.entrypoints.anthropic.messages.events import MessageChoice, error_event
 from gateway.entrypoints.anthropic.messages.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
 from gateway.frozen import freeze
 from gateway.lru import LRU, HistoryMemo
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages, WriterChoice
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages
 from gateway.serving.generate import Sampling
-from gateway.serving.turn import Answer, ChoiceOutput, Turn
+from gateway.serving.turn import Answer, ChoiceOutput, Turn, recorded_answer
 from gateway.store.repository import SessionInfo
 
 # A system prompt that asks for a title of the conversation, with no tools
 # offered: a client's side request (Claude Code names its sessions this way).
 _SIDE_PROMPT = re.compile(r"\btitle\b", re.IGNORECASE)
-
-
-class MessageChoice(WriterChoice):
-    """The one choice of a message; its writer keeps the content blocks."""
-
-    def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
-        super().__init__(parser, p.context["writer"])
-        self.writer: BlockWriter
-        self.p = p
-
-    def on_end(self) -> list[bytes]:
-        return self.started() + super().on_end() + self.writer.close()
-
-    def start_frames(self) -> list[bytes]:
-        turn = self.p.turns[0]
-        tokens = p_.usage(len(turn.prompt_ids), 0)
-        start = p_.message(turn.ids[0], self.p.req.model, [], None, None, tokens)
-        return self.writer.start(start)
-
-    def done(self, answer: Answer) -> list[bytes]:
-        m = answer.response["message"]
-        return self.writer.finish(m["stop_reason"], m["stop_sequence"], m["usage"])
 
 
 class MessagesServing(ServingEndpoint[MessagesRequest]):
@@ -128,11 +105,10 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
         if turn.params.max_new_tokens < req.max_tokens:  # clamped, never a 400
             turn.request["max_tokens_clamped_to"] = turn.params.max_new_tokens
         turn.side_request = await self._is_side_request(req, session.id, tools)
-        context = {
-            "may_call": bool(tools) and tool_choice != "none",
-            "writer": BlockWriter(turn.ids[0], self._signer(session.id), emit=req.stream),
-        }
-        return Prepared(req, [turn], stream=req.stream, context=context)
+        start = p_.message(turn.ids[0], req.model, [], None, None, p_.usage(len(prompt.ids), 0))
+        parser = self.generator.output_parser(prompt.text, bool(tools) and tool_choice != "none")
+        choice = MessageChoice(start, self._signer(session.id), parser, emit=req.stream)
+        return Prepared(req, [turn], stream=req.stream, context={"choice": choice})
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any) -> int:
         """The prompt's length, rendered as a Messages request with them would be."""
@@ -177,26 +153,23 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
         return req.model != main
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return MessageChoice(
-            p, self.generator.output_parser(turn.prompt_text, p.context["may_call"])
-        )
+        return p.context["choice"]
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, MessageChoice)
-        writer = choice.writer
-        message = choice.message(out)  # (its calls' ids are the writer's toolu_ ones by now)
+        message = choice.message(out)  # (its calls' ids are the choice's toolu_ ones by now)
         calls = "tool_calls" in message
         reason = p_.stop_reason(out.finish_reason, calls, out.stop_string)
         finish = "tool_calls" if reason == "tool_use" else out.finish_reason
         stop_sequence = out.stop_string if reason == "stop_sequence" else None
         tokens = p_.usage(len(turn.prompt_ids), len(out.output_ids))
-        body = p_.message(turn.ids[0], p.req.model, writer.blocks, reason, stop_sequence, tokens)
+        body = p_.message(turn.ids[0], p.req.model, choice.blocks, reason, stop_sequence, tokens)
         if calls:
-            self._arguments.put((turn.session_id, turn.ids[0]), freeze(writer.tool_arguments))
+            self._arguments.put((turn.session_id, turn.ids[0]), freeze(choice.tool_arguments))
         if not turn.side_request:
             self._main_model.put(turn.session_id, p.req.model)
         answer_hash = turn.answer_hash(message)
-        response = {"message": body, "tool_arguments": writer.tool_arguments}
+        response = {"message": body, "tool_arguments": choice.tool_arguments}
         return Answer(out, finish, response, answer_hash, message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
@@ -210,14 +183,13 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
 
     def replay_frames(self, req: MessagesRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         body, arguments = rows[0]["response"]["message"], rows[0]["response"].get("tool_arguments")
-        writer = BlockWriter(body["id"], self._signer(rows[0]["session_id"]))
-        frames = writer.start({**body, "content": [], "stop_reason": None, "stop_sequence": None})
+        start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
+        choice = MessageChoice(start, self._signer(rows[0]["session_id"]))
+        frames = choice.started()
         for block in body["content"]:
             if block["type"] == "tool_use":
-                call = ToolCall(
-                    block["id"], block["name"], (arguments or {}).get(block["id"], "{}")
-                )
-                frames += writer.tool_use(call)
+                arguments_of = (arguments or {}).get(block["id"], "{}")
+                frames += choice.tool_call(ToolCall(block["id"], block["name"], arguments_of))
             else:  # text or thinking, each a block of its own
-                frames += writer.write(block["type"], block[block["type"]]) + writer.close()
-        return frames + writer.finish(body["stop_reason"], body["stop_sequence"], body["usage"])
+                frames += choice.write(block["type"], block[block["type"]]) + choice.close()
+        return frames + choice.done(recorded_answer(rows[0]))

@@ -1,6 +1,7 @@
-"""The event stream of a streamed response (`response.created` ... `response.completed`).
+"""The one choice of a response: its output items, and the event stream of a streamed
+response (`response.created` ... `response.completed`).
 
-The writer also keeps the output items with their ids, so the `Response` recorded and
+The choice keeps the output items with their ids, so the `Response` recorded and
 answered at the end names the same items the stream announced.
 """
 
@@ -10,7 +11,6 @@ import uuid
 from typing import Any
 
 from openai.types.responses import (
-    Response,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -28,7 +28,8 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
 )
 
-from gateway.chat.events import ContentEvent, Event, ReasoningEvent, ToolCall
+from gateway.chat.events import ToolCall
+from gateway.chat.output_parser import OutputParser
 from gateway.entrypoints.openai.responses.protocol import (
     call_item,
     dump,
@@ -37,6 +38,8 @@ from gateway.entrypoints.openai.responses.protocol import (
     text_part,
 )
 from gateway.errors import APIError
+from gateway.serving.endpoint import BlockChoice
+from gateway.serving.turn import Answer
 from gateway.sse import sse_event
 
 # Each event type with the openai class that shapes it.
@@ -59,27 +62,18 @@ EVENTS: dict[str, Any] = {
 }
 
 
-class EventWriter:
-    """The SSE frames of one streamed response, numbered by `sequence_number`.
+class ResponseChoice(BlockChoice):
+    """The one choice of a response: its output items and the SSE frames that announce
+    them, numbered by `sequence_number`. Reasoning opens (or continues) a reasoning item,
+    text a message item; either closes the other, and a tool call closes both and adds
+    a complete function_call item."""
 
-    Output items are opened and closed as parsed events come: reasoning opens (or
-    continues) a reasoning item, text a message item; either closes the other, and a
-    tool call closes both and adds a complete function_call item.
-    """
-
-    def __init__(self, emit: bool = True) -> None:
-        self.emit = emit  # False: only keep track of the output items (no stream)
+    def __init__(self, start: Any, parser: OutputParser | None = None, emit: bool = True) -> None:
+        """`start`: the response as `response.created` announces it (in progress)."""
+        super().__init__(parser, emit)
+        self.start = start
         self.seq = 0
-        self.items: list[Any] = []  # finished output items
-        self._msg_id: str | None = None
-        self._text: list[str] = []
-        self._rs_id: str | None = None
-        self._reasoning: list[str] = []
-
-    @property
-    def open(self) -> bool:
-        """Is an item open (text may still come)?"""
-        return self._msg_id is not None or self._rs_id is not None
+        self.item_id = ""  # the open item's
 
     def _frame(self, type: str, **fields: Any) -> bytes:
         if not self.emit:
@@ -90,124 +84,68 @@ class EventWriter:
 
     def _item(self, stage: str, item: Any) -> bytes:
         """`response.output_item.added` or `.done` for the item at the next index."""
-        return self._frame(f"response.output_item.{stage}", output_index=len(self.items), item=item)
+        return self._frame(
+            f"response.output_item.{stage}", output_index=len(self.blocks), item=item
+        )
 
-    def _in_item(self, type: str, item_id: str, **fields: Any) -> bytes:
-        """An event inside the item at the next index."""
-        return self._frame(type, item_id=item_id, output_index=len(self.items), **fields)
+    def _in_item(self, type: str, **fields: Any) -> bytes:
+        """An event inside the open item (at the next index)."""
+        return self._frame(type, item_id=self.item_id, output_index=len(self.blocks), **fields)
 
-    def start(self, response: Response) -> list[bytes]:
+    def start_frames(self) -> list[bytes]:
         return [
-            self._frame("response.created", response=response),
-            self._frame("response.in_progress", response=response),
+            self._frame("response.created", response=self.start),
+            self._frame("response.in_progress", response=self.start),
         ]
 
-    def events(self, events: list[Event]) -> list[bytes]:
-        frames: list[bytes] = []
-        for event in events:
-            if isinstance(event, ContentEvent):
-                frames += self.text(event.text)
-            elif isinstance(event, ReasoningEvent):
-                frames += self.reasoning(event.text)
-            else:
-                frames += self.call(event.call)
-        return frames
+    def empty(self) -> list[bytes]:
+        return self.write("text", "")  # an empty answer is one empty message
 
-    def reasoning(self, text: str) -> list[bytes]:
-        frames = self._close_message()
-        if self._rs_id is None:
-            self._rs_id = f"rs_{uuid.uuid4().hex}"
-            self._reasoning = []
-            frames.append(self._item("added", reasoning_item("", self._rs_id, done=False)))
-        if text:
-            self._reasoning.append(text)
-            frames.append(
-                self._in_item(
-                    "response.reasoning_text.delta", self._rs_id, content_index=0, delta=text
-                )
-            )
-        return frames
-
-    def _close_reasoning(self) -> list[bytes]:
-        if self._rs_id is None:
-            return []
-        text, item_id = "".join(self._reasoning), self._rs_id
-        item = reasoning_item(text, item_id)
-        frames = [
-            self._in_item("response.reasoning_text.done", item_id, content_index=0, text=text),
-            self._item("done", item),
-        ]
-        self.items.append(item)
-        self._rs_id = None
-        return frames
-
-    def text(self, text: str) -> list[bytes]:
-        frames = self._close_reasoning()
-        if self._msg_id is None:
-            frames += self._open_message()
-        if text:
-            self._text.append(text)
-            frames.append(
-                self._in_item(
-                    "response.output_text.delta",
-                    self._msg_id,
-                    content_index=0,
-                    delta=text,
-                    logprobs=[],
-                )
-            )
-        return frames
-
-    def _open_message(self) -> list[bytes]:
-        self._msg_id = f"msg_{uuid.uuid4().hex}"
-        self._text = []
+    def opened(self, kind: str) -> list[bytes]:
+        if kind == "reasoning":
+            self.item_id = f"rs_{uuid.uuid4().hex}"
+            return [self._item("added", reasoning_item("", self.item_id, done=False))]
+        self.item_id = f"msg_{uuid.uuid4().hex}"
         return [
-            self._item("added", message_item("", self._msg_id, done=False)),
-            self._in_item(
-                "response.content_part.added", self._msg_id, content_index=0, part=text_part("")
-            ),
+            self._item("added", message_item("", self.item_id, done=False)),
+            self._in_item("response.content_part.added", content_index=0, part=text_part("")),
         ]
 
-    def close(self) -> list[bytes]:
-        """Close the open item, if any."""
-        return self._close_reasoning() + self._close_message()
+    def delta(self, kind: str, text: str) -> list[bytes]:
+        if kind == "reasoning":
+            return [self._in_item("response.reasoning_text.delta", content_index=0, delta=text)]
+        return [
+            self._in_item("response.output_text.delta", content_index=0, delta=text, logprobs=[])
+        ]
 
-    def _close_message(self) -> list[bytes]:
-        if self._msg_id is None:
-            return []
-        text, item_id = "".join(self._text), self._msg_id
-        item = message_item(text, item_id)
+    def closed(self, kind: str, text: str) -> tuple[Any, list[bytes]]:
+        if kind == "reasoning":
+            item: Any = reasoning_item(text, self.item_id)
+            frames = [self._in_item("response.reasoning_text.done", content_index=0, text=text)]
+        else:
+            item = message_item(text, self.item_id)
+            frames = [
+                self._in_item("response.output_text.done", content_index=0, text=text, logprobs=[]),
+                self._in_item("response.content_part.done", content_index=0, part=text_part(text)),
+            ]
+        return item, [*frames, self._item("done", item)]
+
+    def tool_call(self, call: ToolCall, item_id: str | None = None) -> list[bytes]:
+        self.item_id = item_id or f"fc_{uuid.uuid4().hex}"
+        item = call_item(call, self.item_id)
         frames = [
-            self._in_item(
-                "response.output_text.done", item_id, content_index=0, text=text, logprobs=[]
-            ),
-            self._in_item(
-                "response.content_part.done", item_id, content_index=0, part=text_part(text)
-            ),
+            self._item("added", call_item(call, self.item_id, done=False)),
+            self._in_item("response.function_call_arguments.delta", delta=call.arguments),
+            self._in_item("response.function_call_arguments.done", arguments=call.arguments),
             self._item("done", item),
         ]
-        self.items.append(item)
-        self._msg_id = None
+        self.blocks.append(item)
         return frames
 
-    def call(self, call: ToolCall, item_id: str | None = None) -> list[bytes]:
-        frames = self.close()
-        item_id = item_id or f"fc_{uuid.uuid4().hex}"
-        item = call_item(call, item_id)
-        frames += [
-            self._item("added", call_item(call, item_id, done=False)),
-            self._in_item("response.function_call_arguments.delta", item_id, delta=call.arguments),
-            self._in_item(
-                "response.function_call_arguments.done", item_id, arguments=call.arguments
-            ),
-            self._item("done", item),
-        ]
-        self.items.append(item)
-        return frames
-
-    def finish(self, response: Response) -> bytes:
-        done = "response.incomplete" if response.status == "incomplete" else "response.completed"
-        return self._frame(done, response=response)
+    def done(self, answer: Answer) -> list[bytes]:
+        response = answer.response  # (as recorded)
+        done = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        return [self._frame(done, response=response)]
 
     def error(self, exc: APIError) -> bytes:
         return self._frame("error", code=exc.code, message=exc.message, param=exc.param)

@@ -18,17 +18,10 @@ import uuid
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
-from openai.types.responses import (
-    Response,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseReasoningItem,
-)
 
 from gateway.chat.events import ToolCall
-from gateway.chat.output_parser import OutputParser
 from gateway.chat.tools import check_tool_choice
-from gateway.entrypoints.openai.responses.events import EventWriter
+from gateway.entrypoints.openai.responses.events import ResponseChoice
 from gateway.entrypoints.openai.responses.protocol import (
     ResponseContext,
     ResponsesRequest,
@@ -38,37 +31,14 @@ from gateway.entrypoints.openai.responses.protocol import (
     to_messages,
 )
 from gateway.errors import APIError
-from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, WriterChoice
+from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint
 from gateway.serving.generate import Sampling
-from gateway.serving.turn import Answer, ChoiceOutput, Turn
+from gateway.serving.turn import Answer, ChoiceOutput, Turn, recorded_answer
 from gateway.store.repository import SessionInfo
 
 
 def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex}"
-
-
-class ResponseChoice(WriterChoice):
-    """The one choice of a response; its writer keeps the output items (and their ids)."""
-
-    def __init__(self, p: Prepared, parser: OutputParser | None) -> None:
-        super().__init__(parser, p.context["writer"])
-        self.writer: EventWriter
-        self.ctx: ResponseContext = p.context["shape"]
-        self.response: Response | None = None
-
-    def on_end(self) -> list[bytes]:
-        frames = super().on_end()
-        if not self.writer.items and not self.writer.open:  # an empty answer: one message
-            frames += self.started() + self.writer.text("")
-        return frames + self.writer.close()
-
-    def start_frames(self) -> list[bytes]:
-        return self.writer.start(self.ctx.response("in_progress", []))
-
-    def done(self, answer: Answer) -> list[bytes]:
-        assert self.response is not None
-        return [self.writer.finish(self.response)]
 
 
 class ResponsesServing(ServingEndpoint[ResponsesRequest]):
@@ -94,8 +64,11 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         if req.previous_response_id is not None:
             turn.request["resolved_input"] = items  # what a later previous_response_id continues
         shape = ResponseContext(req, turn.ids[0], turn.params.temperature, turn.params.top_p)
-        context = {"tools": tools, "shape": shape, "writer": EventWriter(emit=req.stream)}
-        return Prepared(req, [turn], stream=req.stream, context=context)
+        parser = self.generator.output_parser(
+            prompt.text, bool(tools) and req.tool_choice != "none"
+        )
+        choice = ResponseChoice(shape.response("in_progress", []), parser, emit=req.stream)
+        return Prepared(req, [turn], stream=req.stream, context={"shape": shape, "choice": choice})
 
     async def _previous_items(self, session_id: str, response_id: str) -> list[dict[str, Any]]:
         """The input and output items of an earlier response of this same session."""
@@ -113,8 +86,7 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         return [*previous, *(response.get("output") or [])]
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        may_call = bool(p.context["tools"]) and p.req.tool_choice != "none"
-        return ResponseChoice(p, self.generator.output_parser(turn.prompt_text, may_call))
+        return p.context["choice"]
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, ResponseChoice)
@@ -123,29 +95,27 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         finish = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         status = "incomplete" if out.finish_reason == "length" else "completed"
         tokens = (len(turn.prompt_ids), len(out.output_ids))
-        choice.response = choice.ctx.response(status, list(choice.writer.items), tokens)
-        answer_hash = turn.answer_hash(message)
-        return Answer(out, finish, dump(choice.response), answer_hash, message)
+        response = p.context["shape"].response(status, list(choice.blocks), tokens)
+        return Answer(out, finish, dump(response), turn.answer_hash(message), message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
         return answers[0].response
 
     def error_frame(self, p: Prepared) -> Any:
-        return p.context["writer"].error
+        return p.context["choice"].error
 
     def replay_frames(self, req: ResponsesRequest, rows: list[dict[str, Any]]) -> list[bytes]:
-        response = Response.model_validate(rows[0]["response"])
-        writer = EventWriter()
-        frames = writer.start(
-            Response.model_construct(**{**dict(response), "status": "in_progress", "output": []})
-        )
-        for item in response.output:
-            if isinstance(item, ResponseOutputMessage):
-                text = "".join(getattr(part, "text", "") for part in item.content)
-                frames += writer.text(text) + writer.close()
-            elif isinstance(item, ResponseReasoningItem):
-                text = "".join(part.text for part in item.content or [])
-                frames += writer.reasoning(text) + writer.close()
-            elif isinstance(item, ResponseFunctionToolCall):
-                frames += writer.call(ToolCall(item.call_id, item.name, item.arguments), item.id)
-        return [*frames, writer.finish(response)]
+        response = rows[0]["response"]
+        choice = ResponseChoice({**response, "status": "in_progress", "output": []})
+        frames = choice.started()
+        for item in response["output"]:
+            if item["type"] == "message":
+                text = "".join(part.get("text", "") for part in item["content"])
+                frames += choice.write("text", text) + choice.close()
+            elif item["type"] == "reasoning":
+                text = "".join(part["text"] for part in item.get("content") or [])
+                frames += choice.write("reasoning", text) + choice.close()
+            elif item["type"] == "function_call":
+                call = ToolCall(item["call_id"], item["name"], item["arguments"])
+                frames += choice.tool_call(call, item["id"])
+        return frames + choice.done(recorded_answer(rows[0]))
