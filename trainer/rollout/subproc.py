@@ -164,19 +164,12 @@ def _run_job(job: bytes) -> bytes:
     except Exception as exc:
         note = ("; agent files that failed to import: " + "; ".join(failed)) if failed else ""
         return _error_reply("load", exc, note)
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ["OPENAI_BASE_URL"] = base_url
-    os.environ["OPENAI_API_KEY"] = api_key
+    # every call sets both, so a call never sees the one before it's
+    os.environ.update(zip(ENV_KEYS, (base_url, api_key), strict=True))
     try:
         value = asyncio.run(agent.run(data))
     except BaseException as exc:  # SystemExit from the agent is its error too
         return _error_reply("agent", exc)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         return pickle.dumps(("ok", pickle.dumps(value)))
     except Exception as exc:
@@ -209,11 +202,9 @@ class _Worker:
         child.close()  # so a dead worker reads as EOF here
         self.calls = 0
 
-    def stop(self, grace_s: float) -> None:
-        try:
-            self.conn.close()  # an idle worker exits on EOF
-        except OSError:
-            pass
+    def stop(self, grace_s: float, close_pipe: bool = True) -> None:
+        if close_pipe:  # an idle worker exits on EOF
+            self.conn.close()
         self.process.join(grace_s)
         for end in (self.process.terminate, self.process.kill):  # kill: it ignored SIGTERM
             if self.process.is_alive():
@@ -410,13 +401,8 @@ class SubprocAgentPool:
         # that thread sees EOF (and closes the pipe). An idle one exits when its pipe closes.
         for worker in busy:
             worker.process.terminate()
-        for worker in idle:
-            worker.stop(grace_s)
-        for worker in busy:
-            worker.process.join(grace_s)
-            if worker.process.is_alive():  # pragma: no cover
-                worker.process.kill()
-                worker.process.join(1.0)
+        for worker in [*idle, *busy]:
+            worker.stop(grace_s, close_pipe=worker in idle)
 
     def __enter__(self) -> SubprocAgentPool:
         return self
