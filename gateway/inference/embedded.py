@@ -40,7 +40,7 @@ class _Request:
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[GenerationResult]
-    chunks: asyncio.Queue[TokenChunk] | None = None
+    chunks: asyncio.Queue[TokenChunk | None] | None = None  # a stream's; None: settled
     submitted: float = field(default_factory=time.perf_counter)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -59,15 +59,12 @@ class EmbeddedEngine(InferenceEngine):
         model: str | Path | None = None,
         device: str = "cpu",
         max_batch_size: int = 32,
-        batch_wait_s: float = 0.005,
-        max_context: int | None = None,
         share_prefix: bool = True,
     ) -> None:
         self.model_spec = model
         self.device = device
         self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s
-        self._max_context_override = max_context
+        self.batch_wait_s = 0.005  # how long a wave waits for requests arriving with it
         self.share_prefix = share_prefix
         self.model_dir: Path | None = None
         self.model: torch.nn.Module | None = None
@@ -75,7 +72,6 @@ class EmbeddedEngine(InferenceEngine):
         self._weights_lock = threading.Lock()
         self._pending: queue.Queue[_Request | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._dead: BaseException | None = None
         self.prefix_tokens_shared = 0  # prompt tokens taken from a shared prefix, not prefilled
         self._prefix_kv: (
             tuple[int, tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None
@@ -110,18 +106,12 @@ class EmbeddedEngine(InferenceEngine):
 
     @property
     def max_context(self) -> int:
-        if self._max_context_override:
-            return self._max_context_override
         if self.model is None:
             return 2048
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
     async def health(self) -> bool:
-        return (
-            self.model is not None
-            and self._dead is None
-            and bool(self._thread and self._thread.is_alive())
-        )
+        return self.model is not None and bool(self._thread and self._thread.is_alive())
 
     # ---- weights ---------------------------------------------------------------------
     async def update_weights(self, update: WeightUpdate) -> int:
@@ -153,14 +143,7 @@ class EmbeddedEngine(InferenceEngine):
         """Load a saved checkpoint (off the event loop), then swap it in between steps."""
         if self.model is None:
             raise EngineError("engine not started")
-
-        def load() -> dict[str, torch.Tensor]:
-            from transformers import AutoModelForCausalLM
-
-            fresh = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            return fresh.state_dict()
-
-        state_dict = await asyncio.to_thread(load)
+        state_dict = await asyncio.to_thread(lambda: load_causal_lm(Path(path)).state_dict())
         return await asyncio.to_thread(self.load_state_dict, state_dict, version)
 
     # ---- requests --------------------------------------------------------------------
@@ -179,30 +162,15 @@ class EmbeddedEngine(InferenceEngine):
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         req = self._submit(prompt_ids, params, stream=True)
         assert req.chunks is not None
-        getter: asyncio.Future[TokenChunk] | None = None
         try:
-            while True:
-                getter = asyncio.ensure_future(req.chunks.get())
-                done, _ = await asyncio.wait(
-                    {getter, req.future}, return_when=asyncio.FIRST_COMPLETED
-                )
-                if getter in done:
-                    yield getter.result()
-                    continue
-                getter.cancel()
-                while not req.chunks.empty():
-                    yield req.chunks.get_nowait()
-                yield req.future.result()
-                return
+            while (chunk := await req.chunks.get()) is not None:
+                yield chunk
+            yield req.future.result()
         finally:
-            if getter is not None and not getter.done():
-                getter.cancel()  # we were cancelled while waiting for a token
             if not req.future.done():
-                req.cancelled = True
+                req.cancelled = True  # the caller went away: the row stops at the next step
 
     def _submit(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> _Request:
-        if self._dead is not None:
-            raise EngineError(f"embedded engine died: {self._dead!r}")
         if self.model is None or self._thread is None:
             raise EngineError("embedded engine is not started")
         if not prompt_ids:
@@ -220,50 +188,36 @@ class EmbeddedEngine(InferenceEngine):
 
     # ---- worker thread ---------------------------------------------------------------
     def _worker(self) -> None:
-        while True:
-            first = self._pending.get()
-            if first is None:
-                return
-            wave = [first]
-            deadline = time.perf_counter() + self.batch_wait_s
-            while len(wave) < self.max_batch_size:
-                timeout = deadline - time.perf_counter()
-                try:
-                    nxt = (
-                        self._pending.get(timeout=max(timeout, 0))
-                        if timeout > 0
-                        else self._pending.get_nowait()
-                    )
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._pending.put(None)
-                    break
-                wave.append(nxt)
-            wave = [r for r in wave if not r.cancelled]
+        while (first := self._pending.get()) is not None:
+            wave = [first] if not first.cancelled else []
+            wave += self._take(self.max_batch_size - len(wave), self.batch_wait_s)
             if not wave:
                 continue
+            self.waves += 1
+            seen = list(wave)
             try:
-                self._run_wave(wave)
-            except Exception as exc:  # keep serving: fail this wave only
+                self._decode(wave, seen)
+            except Exception as exc:  # keep serving: fail this batch only, joined rows too
                 log.exception("embedded engine wave failed")
-                for r in wave:
+                for r in seen:
                     self._finish(r, exc)
 
-    def _admit(self, room: int) -> list[_Request]:
-        """Requests that arrived while a batch decodes: they join it at the next step."""
-        joined: list[_Request] = []
-        while len(joined) < room:
+    def _take(self, room: int, wait_s: float = 0.0) -> list[_Request]:
+        """Up to `room` requests waiting now or arriving within `wait_s`: the rest of a
+        new wave, or those joining a running batch at its next step."""
+        taken: list[_Request] = []
+        deadline = time.perf_counter() + wait_s
+        while len(taken) < room:
             try:
-                nxt = self._pending.get_nowait()
+                nxt = self._pending.get(timeout=max(deadline - time.perf_counter(), 0))
             except queue.Empty:
                 break
             if nxt is None:
                 self._pending.put(None)  # shut down once this batch is done
                 break
             if not nxt.cancelled:
-                joined.append(nxt)
-        return joined
+                taken.append(nxt)
+        return taken
 
     def _shared_prefix(self, reqs: list[_Request]) -> int:
         """How many leading prompt tokens the batch can take from one shared prefill.
@@ -378,25 +332,16 @@ class EmbeddedEngine(InferenceEngine):
         )
         return rows, out.logits[:, -1, :].float()
 
-    def _run_wave(self, wave: list[_Request]) -> None:
-        """Decode a batch until its last row finishes (continuous batching).
+    @torch.inference_mode()
+    def _decode(self, wave: list[_Request], seen: list[_Request]) -> None:
+        """Decode a batch until its last row finishes (continuous batching); `seen`
+        keeps its unfinished rows, for the caller to fail if a step raises.
 
         Requests that arrive meanwhile are prefilled and join the running batch between
         two decode steps, rather than waiting for the slowest row of the batch to finish:
         agents' turns arrive staggered, and a whole wave waiting for its longest answer
         left most of the batch idle.
         """
-        self.waves += 1
-        seen = list(wave)
-        try:
-            self._decode(wave, seen)
-        except Exception as exc:  # fail every row of the batch, joined ones included
-            for r in seen:
-                self._finish(r, exc)
-            raise
-
-    @torch.inference_mode()
-    def _decode(self, wave: list[_Request], seen: list[_Request]) -> None:
         model = self.model
         assert model is not None
         with self._weights_lock:
@@ -443,7 +388,7 @@ class EmbeddedEngine(InferenceEngine):
                     self._finish(r, None, "length")
                 else:
                     keep.append(row)
-            joined = self._admit(self.max_batch_size - len(keep)) if rows.mergeable() else []
+            joined = self._take(self.max_batch_size - len(keep)) if rows.mergeable() else []
             seen[:] = [r for r in seen if not r.finished] + joined  # bounded by the batch
             if not keep and not joined:
                 return
@@ -494,6 +439,8 @@ class EmbeddedEngine(InferenceEngine):
                         top_logprobs=r.top_logprobs,
                     )
                 )
+            if r.chunks is not None:
+                r.chunks.put_nowait(None)  # after its every chunk: the stream reads the end
 
         r.loop.call_soon_threadsafe(settle)
 
