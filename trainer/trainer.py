@@ -109,7 +109,6 @@ class Trainer:
         cfg = self.config
         # the time budget counts from here: model loading and start-up are part of the run
         self._started = time.perf_counter()
-        import_files(cfg.imports)
         kind, agent = self._rollout_spec(workflow)
         if dataset is None and not cfg.dataset:
             raise ValueError(
@@ -138,13 +137,13 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model_dir = self._model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
-        if cfg.gateway.urls or cfg.gateway.ray_replicas:
-            self.remote = self._remote_gateways(kind, model_dir, admin_key)
-        elif main:
-            self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
-            print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
         runlog: RunLog | None = None
         try:
+            if cfg.gateway.urls or cfg.gateway.ray_replicas:
+                self.remote = self._remote_gateways(kind, model_dir, admin_key)
+            elif main:
+                self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
+                print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
             self.policy = self._make_policy(model_dir)
             start_step = self._resume(order)
             if main:
@@ -161,7 +160,8 @@ class Trainer:
                 data = RunData(rows, eval_rows, order)
                 asyncio.run(self._main_loop(kind, agent, data, admin_key, runlog, start_step))
             else:
-                self._follower_loop()
+                while self._train_step(None) is not None:
+                    pass
             # rank 0 writes the folder, with the tokenizer the gateway already loaded
             tokenizer = self._tokenizer(model_dir) if main else None
             checkpoint = self.policy.save_hf(run_dir / "checkpoint", tokenizer)
@@ -211,7 +211,6 @@ class Trainer:
         from gateway.inference.model_source import resolve_model_dir
 
         cfg = self.config
-        import_files(cfg.imports)
         kind, agent = self._rollout_spec(workflow)
         train_rows = load_dataset(cfg.dataset) if cfg.dataset else []
         rows = self._eval_rows(kind, train_rows)
@@ -256,15 +255,13 @@ class Trainer:
         return held_out_rows(self.config.eval, rows)
 
     def _rollout_spec(self, workflow: Any) -> tuple[str, Any]:
-        """('queue', (agent, env)) | ('workflow', workflow) | ('agent', agent)."""
+        """('queue', (agent, env)) | ('workflow', workflow) | ('agent', agent), after the
+        config's `imports` (which may register agents, environments, export styles)."""
         cfg = self.config
-        from gateway.samples import EXPORT_STYLES  # every kind's samples are exported
+        import_files(cfg.imports)
+        from gateway.samples import check_export_style  # every kind's samples are exported
 
-        if cfg.rollout.agent.export_style not in EXPORT_STYLES:
-            raise ValueError(
-                f"rollout.agent.export_style must be one of {sorted(EXPORT_STYLES)}, "
-                f"got {cfg.rollout.agent.export_style!r}"
-            )
+        check_export_style(cfg.rollout.agent.export_style, " (rollout.agent.export_style)")
         if cfg.agent:
             from trainer.api.registry import make_agent, make_env
 
@@ -328,13 +325,8 @@ class Trainer:
                 gw.ray_replicas, settings, admin_key, self.config.ray.address, gw.ray_resources
             )
             remote = RemoteGateways(self._gateway_actors.urls, admin_key)
-        if distributed.is_main():
-            try:
-                versions = remote.check()
-            except BaseException:
-                if self._gateway_actors is not None:
-                    self._gateway_actors.stop()
-                raise
+        if distributed.is_main():  # train() stops the actors if this fails
+            versions = remote.check()
             print(f"gateways: {', '.join(remote.urls)} (policy versions {versions})", flush=True)
         return remote
 
@@ -483,7 +475,11 @@ class Trainer:
                     groups = await controller.next_batch()
                     wait_s = time.perf_counter() - t0
                     episodes = [ep for _, eps in groups for ep in eps]
-                    payload = self._payload(step, episodes, order.state())
+                    payload = {
+                        "step": step,
+                        "data": order.state(),
+                        "sequences": to_sequences(episodes),
+                    }  # what every rank needs for the step (broadcast to the others)
                     stats = await loop.run_in_executor(train_thread, self._train_step, payload)
                     await controller.set_version(self.version)
                     row = self._metrics(
@@ -508,11 +504,8 @@ class Trainer:
                 bar.close()
                 await controller.stop()
                 for r in (runner, evaluator and evaluator.runner):
-                    close = getattr(r, "close", None)
-                    if close is not None:
-                        result = close()
-                        if asyncio.iscoroutine(result):
-                            await result
+                    if hasattr(r, "close"):  # an AgentRunner: its subproc or Ray pool
+                        await r.close()
                 await loop.run_in_executor(train_thread, self._train_step, {"stop": True})
                 train_thread.shutdown()
 
@@ -553,9 +546,8 @@ class Trainer:
         if est is None:
             return
         steps = cfg.total_steps - start_step
-        evals = (1 + int(cfg.eval.before)) if evaluating else 0
-        if evaluating and cfg.eval.every:
-            evals += steps // cfg.eval.every
+        fixed_evals = (1 + int(cfg.eval.before)) if evaluating else 0  # after, and before
+        evals = fixed_evals + (steps // cfg.eval.every if evaluating and cfg.eval.every else 0)
         total = est.total_s(steps, evals)
         line = (
             f"machine probe: {probe_s:.2f} s per fwd+bwd of 256 tokens, {est.slowdown:.1f}x the "
@@ -565,7 +557,7 @@ class Trainer:
         if cfg.time_budget_s and total > cfg.time_budget_s:
             line += f"; the {cfg.time_budget_s / 60:.0f} min budget will end it sooner"
             floor = min(cfg.min_steps, steps)
-            floor_s = est.total_s(floor, (1 + int(cfg.eval.before)) if evaluating else 0)
+            floor_s = est.total_s(floor, fixed_evals)
             if floor_s > cfg.time_budget_s:
                 line += f", but not before {floor} steps (min_steps): about {floor_s / 60:.0f} min"
         print(line, flush=True)
@@ -585,7 +577,6 @@ class Trainer:
         if not rows:
             return None
         from trainer.evaluation import Evaluator
-        from trainer.rollout.agent_runner import AgentRunner
 
         cfg = self.config
         if cfg.eval.workflow_kwargs:
@@ -593,47 +584,44 @@ class Trainer:
         greedy = SessionSpec(
             metadata={"eval": True}, sampling={"temperature": cfg.eval.temperature}, export=False
         )
-        runner = AgentRunner(
-            self._gateway_admins(admin_key, http),
-            agent,
-            http,
-            sessions=greedy,
-            placement=self._agent_placement(),
-            max_concurrent=cfg.rollout.max_concurrent,
-        )
-        return Evaluator(cfg.eval, rows, runner)
+        return Evaluator(cfg.eval, rows, self._agent_runner(agent, admin_key, http, greedy))
 
-    def _agent_placement(self) -> AgentPlacement:
-        """Where agent runs go (inline, a process pool, Ray tasks), from the config."""
+    def _agent_runner(
+        self, agent: Any, admin_key: str, http: httpx.AsyncClient, sessions: SessionSpec
+    ) -> Any:
+        """Agent runs in `sessions`, placed as `rollout.agent` says (inline, a process
+        pool, Ray tasks)."""
+        from trainer.rollout.agent_runner import AgentRunner
+
         a = self.config.rollout.agent
         ray = {"address": self.config.ray.address, "num_cpus": a.num_cpus, "resources": a.resources}
-        return AgentPlacement(
+        placement = AgentPlacement(
             mode=a.mode,
             subproc_max_workers=a.subproc_max_workers,
             max_retries=a.max_retries,
             ray=ray if a.mode == "ray" else None,
         )
+        return AgentRunner(
+            self._gateway_admins(admin_key, http),
+            agent,
+            http,
+            sessions=sessions,
+            placement=placement,
+            max_concurrent=self.config.rollout.max_concurrent,
+        )
 
     def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
         cfg = self.config
+        a = cfg.rollout.agent
         if kind == "agent":
-            from trainer.rollout.agent_runner import AgentRunner
-
-            a = cfg.rollout.agent
-            return AgentRunner(
-                self._gateway_admins(admin_key, http),
-                agent,
-                http,
-                sessions=SessionSpec(export_style=a.export_style, turn_discount=a.turn_discount),
-                placement=self._agent_placement(),
-                max_concurrent=cfg.rollout.max_concurrent,
-            )
+            sessions = SessionSpec(export_style=a.export_style, turn_discount=a.turn_discount)
+            return self._agent_runner(agent, admin_key, http, sessions)
         from trainer.rollout.engine import RolloutEngine
 
         engine = RolloutEngine.for_gateway(self.gateway, str(cfg.model or "default"))
         export = {
-            "export_style": cfg.rollout.agent.export_style,
-            "turn_discount": cfg.rollout.agent.turn_discount,
+            "export_style": a.export_style,
+            "turn_discount": a.turn_discount,
             "max_concurrent": cfg.rollout.max_concurrent,
         }
         if kind == "workflow":
@@ -645,15 +633,7 @@ class Trainer:
         queue_agent, env = agent
         return QueueAgentRunner(queue_agent, env, engine, **export)
 
-    def _payload(self, step: int, episodes: list[Episode], data_state: dict[str, Any]) -> dict:
-        """What every rank needs for one step (broadcast to the others)."""
-        return {"step": step, "data": data_state, "sequences": to_sequences(episodes)}
-
     # ---- every rank ------------------------------------------------------------------
-    def _follower_loop(self) -> None:
-        while self._train_step(None) is not None:
-            pass
-
     def _train_step(self, payload: dict[str, Any] | None) -> dict[str, float] | None:
         """Train one batch, publish the weights, checkpoint when due. Runs on all ranks."""
         payload = distributed.broadcast_object(payload)
@@ -695,9 +675,14 @@ class Trainer:
         else:
             update = WeightUpdate(version, state_dict=self.policy.full_state_dict())
         if distributed.is_main():
-            if how == "push":
-                assert update.state_dict is not None
-                self._pusher().push(version, update.state_dict)
+            if how == "push" and self.remote is not None:
+                self.remote.push(version, update.state_dict)
+            elif how == "push":  # to the trainer's own gateway, in a group kept for the run
+                if self._push is None:
+                    from trainer.backend.weight_push import WeightPush
+
+                    self._push = WeightPush([self.gateway.url], self.gateway.config.admin_key)
+                self._push.push(version, update.state_dict)
             elif self.remote is not None:
                 from trainer.backend.weight_push import load_folder
 
@@ -728,16 +713,6 @@ class Trainer:
                 "set gateway.weight_sync: disk (or auto)"
             )
         return "push" if named == "push" else default
-
-    def _pusher(self) -> Any:
-        """Who pushes: the replicas' (gateway.urls), or one to the trainer's own gateway."""
-        if self.remote is not None:
-            return self.remote
-        if self._push is None:
-            from trainer.backend.weight_push import WeightPush
-
-            self._push = WeightPush([self.gateway.url], self.gateway.config.admin_key)
-        return self._push
 
     def _save_checkpoint(self, step: int, data_state: dict[str, Any]) -> None:
         ckpt = self._checkpoint_dir()
