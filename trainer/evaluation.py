@@ -76,9 +76,7 @@ def _key(row: dict[str, Any]) -> str:
 
 
 def held_out_rows(cfg: EvalConfig, train_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`cfg.size` rows of the eval dataset, none of which is a training prompt."""
-    if not cfg.dataset:
-        raise ValueError("eval.dataset is not set: name a held-out set to evaluate on")
+    """`cfg.size` rows of the eval dataset (set), none of which is a training prompt."""
     seen = {_key(r) for r in train_rows}
     rows = [r for r in load_dataset(cfg.dataset) if _key(r) not in seen]
     if len(rows) < cfg.size:
@@ -108,18 +106,6 @@ def summarise(
     )
 
 
-async def evaluate(
-    runner: Any, rows: list[dict[str, Any]], cfg: EvalConfig, step: int, version: int
-) -> EvalResult:
-    """Run the agent once per row (`runner` makes greedy, eval-tagged sessions)."""
-    started = time.perf_counter()
-    episodes = await asyncio.gather(
-        *(runner.run_episode(row, -1 - i) for i, row in enumerate(rows))
-    )
-    rewards = [None if ep.error or ep.reward is None else ep.reward for ep in episodes]
-    return summarise(rewards, cfg, step, version, time.perf_counter() - started)
-
-
 class Evaluator:
     """When to evaluate during a run, on which rows, and with which (greedy) runner."""
 
@@ -140,9 +126,16 @@ class Evaluator:
         return self.results[-1].seconds if self.results else 0.0
 
     async def run(self, steps_done: int, version: int) -> EvalResult | None:
-        """The evaluation of these weights; None when they were just evaluated."""
+        """The agent once per row (the runner makes greedy, eval-tagged sessions) with
+        these weights; None when they were just evaluated."""
         if self.results and self.results[-1].policy_version == version:
             return None
-        result = await evaluate(self.runner, self.rows, self.cfg, steps_done, version)
+        started = time.perf_counter()
+        episodes = await asyncio.gather(
+            *(self.runner.run_episode(row, -1 - i) for i, row in enumerate(self.rows))
+        )
+        rewards = [None if ep.error or ep.reward is None else ep.reward for ep in episodes]
+        seconds = time.perf_counter() - started
+        result = summarise(rewards, self.cfg, steps_done, version, seconds)
         self.results.append(result)
         return result
