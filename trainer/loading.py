@@ -17,16 +17,17 @@ class WorkflowError(ValueError):
 
 def load_workflow_class(spec: str | type) -> type:
     cls = load_class(spec, "workflow")
-    if not (_is_async(cls, "run") or _is_async(cls, "arun_episode")):
+    return _playable(cls, cls.__name__)
+
+
+def _playable(obj: Any, name: str) -> Any:
+    """`obj` (a class or an instance) if it can play episodes, else the error saying how."""
+    if not any(inspect.iscoroutinefunction(getattr(obj, m, None)) for m in ("run", "arun_episode")):
         raise WorkflowError(
-            f"{cls.__name__} needs `async def run(self, data, **extra_kwargs)` (an agent) or "
+            f"{name} needs `async def run(self, data, **extra_kwargs)` (an agent) or "
             "`async def arun_episode(self, engine, data)` (a RolloutWorkflow)"
         )
-    return cls
-
-
-def _is_async(obj: Any, name: str) -> bool:
-    return inspect.iscoroutinefunction(getattr(obj, name, None))
+    return obj
 
 
 def import_files(paths: list[str]) -> None:
@@ -72,12 +73,7 @@ def load_object(spec: Any, what: str = "object") -> Any:
 def make_workflow(spec: str | type | Any, kwargs: dict[str, Any] | None = None) -> Any:
     """An agent instance; an instance passed in is used as it is."""
     if not isinstance(spec, (str, type)):
-        if not (_is_async(spec, "run") or _is_async(spec, "arun_episode")):
-            raise WorkflowError(
-                f"{spec!r} has no `async def run(self, data, **extra_kwargs)` "
-                "nor `async def arun_episode(self, engine, data)`"
-            )
-        return spec
+        return _playable(spec, repr(spec))
     cls = load_workflow_class(spec)
     try:
         return cls(**(kwargs or {}))
