@@ -101,10 +101,7 @@ class MathMultiTurnQueueAgent(Agent):
             tokenizer = load_tokenizer(resolve_model_dir(tokenizer or tokenizer_path))
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
-        gconfig = GenerationHyperparameters.coerce(gconfig)
-        if not gconfig.stop_token_ids:
-            gconfig = gconfig.new(stop_token_ids=self.renderer.stop_token_ids)
-        self.gconfig = gconfig
+        self.gconfig = GenerationHyperparameters.coerce(gconfig, self.renderer.stop_token_ids)
         self.num_turns = num_turns
         self.turn_penalty = turn_penalty
         self._feedback = self._user_turn_tokens(RETRY_MESSAGE)

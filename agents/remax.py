@@ -62,10 +62,7 @@ class ReMaxRLVRWorkflow(RolloutWorkflow):
             tokenizer = load_tokenizer(resolve_model_dir(tokenizer))
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
-        gconfig = GenerationHyperparameters.coerce(gconfig)
-        if not gconfig.stop_token_ids:
-            gconfig = gconfig.new(stop_token_ids=self.renderer.stop_token_ids)
-        self.gconfig = gconfig
+        self.gconfig = GenerationHyperparameters.coerce(gconfig, self.renderer.stop_token_ids)
         self.reward_fn = reward_fn or math_reward_fn
         self.enable_thinking = enable_thinking
 

@@ -58,16 +58,20 @@ class GenerationHyperparameters:
 
     @classmethod
     def coerce(
-        cls, value: GenerationHyperparameters | dict[str, Any] | None
+        cls,
+        value: GenerationHyperparameters | dict[str, Any] | None,
+        stop_token_ids: list[int] | None = None,
     ) -> GenerationHyperparameters:
-        """Accept an instance, a dict of fields (from YAML) or None (the defaults)."""
+        """Accept an instance, a dict of fields (from YAML) or None (the defaults);
+        `stop_token_ids` (a tokenizer's turn enders) stand in when it names none."""
         if value is None:
-            return cls()
+            value = cls()
         if isinstance(value, cls):
-            return value
+            no_stops = stop_token_ids and not value.stop_token_ids
+            return value.new(stop_token_ids=stop_token_ids) if no_stops else value
         if isinstance(value, dict):
             try:
-                return cls(**value)
+                return cls.coerce(cls(**value), stop_token_ids)
             except TypeError as exc:
                 known = [f.name for f in dataclasses.fields(cls)]
                 raise TypeError(f"bad gconfig {value!r}: {exc}; known fields: {known}") from None
