@@ -18,19 +18,6 @@ from gateway.ui.tokens import TokenTexts, logprob_band
 
 
 @dataclass(slots=True)
-class Token:
-    index: int  # position in prompt + output
-    id: int
-    text: str
-    part: str  # "prompt" or "output"
-    trained: bool  # loss mask 1 under the chosen export style
-    logprob: float | None  # behaviour logprob (output tokens; trained earlier outputs)
-    version: int | None  # policy version that sampled it
-    band: int  # logprob colour band (-1: none)
-    drift: bool = False  # first token where this prompt stops extending its parent
-
-
-@dataclass(slots=True)
 class Turn:
     id: str
     parent_id: str | None
@@ -38,7 +25,8 @@ class Turn:
     children: list[str]
     record: dict[str, Any]
     shown_from: int  # prompt tokens before this index repeat the parent's; not spelled out
-    tokens: list[Token]
+    prompt_html: str  # its tokens from `shown_from` on, as `<span>`s (see `_spans`)
+    output_html: str
     in_export: bool
     reward: float | None
     ret: float | None
@@ -47,10 +35,6 @@ class Turn:
     tool_calls: list[dict[str, str]] = field(default_factory=list)
     reasoning: str | None = None
     content: str | None = None
-
-    def html(self, part: str) -> str:
-        """The prompt's or the output's token spans."""
-        return spans_html([t for t in self.tokens if t.part == part])
 
 
 @dataclass(slots=True)
@@ -196,23 +180,21 @@ def _turn(
             lps[cut + k - start], vers[cut + k - start] = lp, v
     words = texts.texts(ids[start:])
     at = drift.get("at") if drift else None
-    tokens = []
+    # `<span>`s written here rather than by a Jinja macro: a long session has tens of
+    # thousands of them, and a macro call each is ~20x slower. docs/viewer.md explains
+    # the classes.
+    spans: tuple[list[str], list[str]] = ([], [])  # the prompt's, the output's
     for k in range(start, n):
         j = k - start
-        lp = lps[j] if (k >= cut or mask[j]) else None
-        tokens.append(
-            Token(
-                index=k,
-                id=ids[k],
-                text=words[j],
-                part="output" if k >= cut else "prompt",
-                trained=bool(mask[j]),
-                logprob=lp,
-                version=vers[j] if lp is not None and vers[j] not in (None, -1) else None,
-                band=logprob_band(lp),
-                drift=k == at,
-            )
-        )
+        lp = lps[j] if (k >= cut or mask[j]) else None  # a masked prompt token shows none
+        cls = f"tok {'trained' if mask[j] else 'masked'} b{logprob_band(lp)}"
+        cls += " drift" * (k == at) + " partial" * (not words[j])
+        attrs = f' data-i="{k}" data-id="{ids[k]}"'
+        if lp is not None:
+            attrs += f' data-lp="{lp:.4f}"'
+            if vers[j] not in (None, -1):
+                attrs += f' data-v="{vers[j]}"'
+        spans[k >= cut].append(f'<span class="{cls}"{attrs}>{escape(words[j], quote=False)}</span>')
     calls, reasoning, content = _said(c)
     return Turn(
         id=c["id"],
@@ -221,7 +203,8 @@ def _turn(
         children=children,
         record=c,
         shown_from=shown_from,
-        tokens=tokens,
+        prompt_html="".join(spans[0]),
+        output_html="".join(spans[1]),
         in_export=sample is not None,
         reward=c.get("reward"),
         ret=ret,
@@ -231,23 +214,3 @@ def _turn(
         reasoning=reasoning,
         content=content,
     )
-
-
-def spans_html(tokens: list[Token]) -> str:
-    """The tokens as `<span>`s (written here rather than by a Jinja macro: a long
-    session has tens of thousands of them, and a macro call each is ~20x slower).
-    docs/viewer.md explains the classes."""
-    out = []
-    for t in tokens:
-        cls = f"tok {'trained' if t.trained else 'masked'} b{t.band}"
-        if t.drift:
-            cls += " drift"
-        if not t.text:
-            cls += " partial"
-        attrs = f' data-i="{t.index}" data-id="{t.id}"'
-        if t.logprob is not None:
-            attrs += f' data-lp="{t.logprob:.4f}"'
-        if t.version is not None:
-            attrs += f' data-v="{t.version}"'
-        out.append(f'<span class="{cls}"{attrs}>{escape(t.text, quote=False)}</span>')
-    return "".join(out)
