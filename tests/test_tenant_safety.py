@@ -580,7 +580,7 @@ def test_a_retry_of_another_sessions_body_waits_for_nothing_of_it(
     qwen3_gateway, new_session, replica, monkeypatch
 ):
     """In-flight requests (`Records.inflight`; across replicas of a PostgreSQL store
-    the `inflight_requests` marks) and concurrency (`QuotaGuard._inflight`): while A's
+    the `inflight_requests` marks) and concurrency (`Admission.inflight`): while A's
     request generates (slowly), B sends A's body byte for byte as a client retry. B
     neither waits for A's request nor is refused for A's quota: it gets its own answer
     at once, and A gets its own."""

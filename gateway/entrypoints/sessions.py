@@ -46,7 +46,7 @@ def _usage(state: GatewayState, info: SessionInfo, completions: list[dict[str, A
     """What the session has used of its quotas: its records, plus what generates here."""
     requests = sum(1 for c in completions if c["choice_index"] == 0)
     tokens = sum(c["completion_tokens"] for c in completions)
-    return state.stages.admission.quotas.usage(info.id, (requests, tokens))
+    return state.stages.admission.usage(info.id, (requests, tokens))
 
 
 def _owned_session(state: GatewayState, caller: Caller, session_id: str) -> SessionInfo:
@@ -153,7 +153,7 @@ async def end_session(session_id: str, state: State, caller: AnyCaller) -> dict[
     assert info is not None
     state.keys.forget(session_id)
     recorded = await run_in_threadpool(state.repo.session_usage, session_id)
-    return _session_view(info, state.stages.admission.quotas.usage(session_id, recorded))
+    return _session_view(info, state.stages.admission.usage(session_id, recorded))
 
 
 @router.get(

@@ -11,6 +11,7 @@ the replica serving them (concurrency is a per-replica limit).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,59 +40,29 @@ class Usage:
         }
 
 
-class QuotaGuard:
-    """Counts each session's requests in flight here and refuses what a quota forbids."""
-
-    def __init__(self) -> None:
-        self._inflight: dict[str, int] = {}  # session id -> requests generating here
-
-    def usage(self, session_id: str, recorded: tuple[int, int]) -> Usage:
-        """`recorded`: (requests, generated tokens) committed for the session."""
-        inflight = self._inflight.get(session_id, 0)
-        return Usage(recorded[0] + inflight, recorded[1], inflight)
-
-    def reserve(self, session: SessionInfo, choices: int, recorded: tuple[int, int]) -> int | None:
-        """Count one request (of `choices` answers) as in flight; the output tokens each
-        answer may still generate (None: no token quota).
-
-        Synchronous on purpose: check and count must not be split by an await, or two
-        requests could both take the last free slot."""
-        limits = session.quotas or {}
-        used = self.usage(session.id, recorded)
-        _check(limits, "max_concurrent_requests", used.concurrent_requests + 1, retry=True)
-        _check(limits, "max_requests", used.requests + 1, retry=False)
-        budget = None
-        max_tokens = limits.get("max_generated_tokens")
-        if max_tokens is not None:
-            _check(limits, "max_generated_tokens", used.generated_tokens + 1, retry=False)
-            budget = max((max_tokens - used.generated_tokens) // max(choices, 1), 1)
-        self._inflight[session.id] = self._inflight.get(session.id, 0) + 1
-        return budget
-
-    def release(self, session_id: str) -> None:
-        left = self._inflight.get(session_id, 1) - 1
-        if left <= 0:
-            self._inflight.pop(session_id, None)
-        else:
-            self._inflight[session_id] = left
-
-
 class Admission:
-    """The gate every request passes before it generates."""
+    """The gate every request passes before it generates: the answers generating in the
+    gateway, and each session's requests generating here."""
 
     def __init__(self, repo: Repository, metrics: Metrics, max_pending: int) -> None:
         self.repo, self.metrics, self.max_pending = repo, metrics, max_pending
         self.pending = 0  # answers generating now
-        self.quotas = QuotaGuard()
+        self.inflight: Counter[str] = Counter()  # session id -> its requests generating here
+
+    def usage(self, session_id: str, recorded: tuple[int, int]) -> Usage:
+        """`recorded`: (requests, generated tokens) committed for the session."""
+        inflight = self.inflight[session_id]
+        return Usage(recorded[0] + inflight, recorded[1], inflight)
 
     def admit(self, session: SessionInfo, turns: list[Turn], per_turn: int) -> Admitted:
         """429 when the gateway is full or a session quota is spent; a session with a
         token quota has each answer capped at the tokens it has left.
 
-        Synchronous: the checks and the counts they guard change together. So a
-        session with quotas reads its usage on the event loop (one indexed query, as a
-        key-cache miss does); an await between that read and the count would let a
-        request that finishes meanwhile be counted neither as recorded nor in flight."""
+        Synchronous: the checks and the counts they guard change together, or two
+        requests could both take the last free slot. So a session with quotas reads its
+        usage on the event loop (one indexed query, as a key-cache miss does); an await
+        between that read and the count would let a request that finishes meanwhile be
+        counted neither as recorded nor in flight."""
         recorded = self.repo.session_usage(session.id) if session.quotas else None
         n = len(turns) * per_turn
         if self.pending + n > self.max_pending:
@@ -103,24 +74,27 @@ class Admission:
                 code="too_many_pending_requests",
                 headers={"retry-after": "1"},
             )
-        self.pending += n
         if recorded is None:
+            self.pending += n
             return Admitted(self, n)
-        try:
-            budget = self.quotas.reserve(session, n, recorded)
-        except APIError:
-            self.pending -= n
-            raise
-        if budget is not None:
+        limits, used = session.quotas or {}, self.usage(session.id, recorded)
+        _check(limits, "max_concurrent_requests", used.concurrent_requests + 1, retry=True)
+        _check(limits, "max_requests", used.requests + 1, retry=False)
+        max_tokens = limits.get("max_generated_tokens")
+        if max_tokens is not None:
+            _check(limits, "max_generated_tokens", used.generated_tokens + 1, retry=False)
+            budget = max((max_tokens - used.generated_tokens) // n, 1)
             for turn in turns:
                 cap = min(turn.params.max_new_tokens, budget)
                 turn.params = replace(turn.params, max_new_tokens=cap)
+        self.pending += n
+        self.inflight[session.id] += 1
         return Admitted(self, n, session.id)
 
 
 class Admitted:
-    """A request's share of the pending answers and of its session's quotas; released
-    exactly once."""
+    """A request's share of the pending answers and of its session's requests in
+    flight; released exactly once."""
 
     def __init__(self, gate: Admission, n: int, session_id: str | None = None) -> None:
         self._gate, self._n, self._session_id = gate, n, session_id
@@ -130,7 +104,9 @@ class Admitted:
             self._gate.pending -= self._n
             self._n = 0
             if self._session_id is not None:
-                self._gate.quotas.release(self._session_id)
+                self._gate.inflight[self._session_id] -= 1
+                if self._gate.inflight[self._session_id] <= 0:
+                    del self._gate.inflight[self._session_id]
 
     def __enter__(self) -> Admitted:
         return self
