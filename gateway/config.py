@@ -146,8 +146,8 @@ class GatewayConfig:
     key_cache_size: int = setting(100_000, "session keys kept in memory (LRU; older: a DB read)")
     word_cache_size: int = setting(
         65_536,
-        "pre-tokens whose ids the ASCII encoder keeps (two generations, near-LRU; "
-        "0: every encode through the Rust tokenizer)",
+        "pre-tokens whose ids the ASCII encoder keeps (LRU; 0: every encode through the "
+        "Rust tokenizer)",
     )
     history_cache_size: int = setting(
         256,

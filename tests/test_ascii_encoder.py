@@ -17,7 +17,7 @@ from family_helpers import FAMILIES, family_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chat.ascii_encoder import _Words, ascii_pattern
+from gateway.chat.ascii_encoder import ascii_pattern
 from gateway.chat.template import ChatRenderer
 
 _FRAGMENTS = [
@@ -86,21 +86,6 @@ def test_word_cache_is_bounded(tokenizer) -> None:
     assert renderer.encode(text) == _rust(renderer, text)
     assert renderer._ascii.cached <= 8
     assert renderer.encode(text) == _rust(renderer, text)  # after the turnover
-
-
-def test_word_cache_keeps_what_is_used() -> None:
-    """A piece used since the last turnover survives the next; one unused does not."""
-    computed: list[str] = []
-    words = _Words(4, lambda piece: computed.append(piece) or [len(piece)])
-    for piece in ("a", "bb", "ccc"):  # generation 1: a, bb; then ccc starts generation 2
-        words[piece]
-    words["a"]  # used again: moves to the newer generation
-    for piece in ("dddd", "eeeee"):  # another turnover: bb (unused) goes
-        words[piece]
-    computed.clear()
-    assert words["a"] == [1] and words["bb"] == [2]
-    assert computed == ["bb"]  # "a" was kept, "bb" computed again
-    assert len(words) + len(words.older) <= 4
 
 
 def test_word_cache_off(tokenizer) -> None:

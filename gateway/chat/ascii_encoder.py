@@ -19,6 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from gateway.chat.tokenizer import bytes_to_unicode
@@ -111,28 +112,6 @@ def _state(component: Any) -> dict[str, Any] | None:
     return None if component is None else json.loads(component.__getstate__())
 
 
-class _Words(dict[str, list[int]]):
-    """Two generations of piece -> ids (a hit in the older moves to the newer, a full
-    newer becomes the older): near-LRU at a dict lookup a hit, where an LRU's upkeep
-    would cost what the cache saves."""
-
-    def __init__(self, bound: int, compute: Callable[[str], list[int]]) -> None:
-        super().__init__()
-        self.bound = max(1, bound // 2)
-        self.older: dict[str, list[int]] = {}
-        self.compute = compute
-
-    def __missing__(self, piece: str) -> list[int]:
-        ids = self.older.get(piece)
-        if ids is None:
-            ids = self.compute(piece)
-        if len(self) >= self.bound:
-            self.older = dict(self)
-            self.clear()
-        self[piece] = ids
-        return ids
-
-
 class AsciiEncoder:
     """`encode(text)`: the tokenizer's ids for ASCII `text`, or None (not ASCII, or not
     covered end to end by the pattern): the caller encodes it with the tokenizer."""
@@ -151,14 +130,15 @@ class AsciiEncoder:
         names = sorted(added, key=len, reverse=True)
         self._splitter = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
         table = str.maketrans(_BYTE_LEVEL)
-        self._words = _Words(cache_size, lambda piece: tokenize(piece.translate(table)))
+        # functools' LRU (in C): a hit costs about a dict lookup
+        self._words = lru_cache(cache_size)(lambda piece: tuple(tokenize(piece.translate(table))))
 
     def encode(self, text: str) -> list[int] | None:
         if not text.isascii():
             return None
         parts = self._splitter.split(text) if self._splitter is not None else [text]
         ids: list[int] = []
-        lookup = self._words.__getitem__
+        lookup = self._words
         findall = self._pattern.findall
         for i, part in enumerate(parts):
             if i & 1:
@@ -173,7 +153,7 @@ class AsciiEncoder:
 
     @property
     def cached(self) -> int:
-        return len(self._words) + len(self._words.older)
+        return self._words.cache_info().currsize
 
 
 def ascii_encoder(
