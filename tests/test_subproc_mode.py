@@ -168,6 +168,27 @@ async def test_a_dying_worker_fails_only_its_episode(gateway_factory, pool, tmp_
     assert len(pool.worker_pids()) <= 2
 
 
+async def test_a_dead_worker_runs_the_episode_again_in_a_new_session(
+    gateway_factory, pool, tmp_path
+) -> None:
+    gw = gateway_factory()
+    data = {"messages": QUESTION, "tag": "once", "behave": "exit_once"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        runner = AgentRunner(
+            _gateway(gw, http),
+            _reporting_agent(tmp_path),
+            http,
+            placement=AgentPlacement("subproc", subproc_max_workers=2, max_retries=1),
+        )
+        runner._pool.close()  # never started: swap in the shared one
+        runner._pool = pool
+        ep = await runner.run_episode(data, group=0)
+        sessions = await list_sessions(gw, http)
+    assert ep.error is None and ep.reward == 1.0 and ep.retries == 1 and not ep.worker_died
+    assert len(sessions) == 2 and all(s["ended_at"] is not None for s in sessions)
+    assert [r["tag"] for r in read_reports(tmp_path)] == ["once"]
+
+
 async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
     gw = gateway_factory()
     async with httpx.AsyncClient(timeout=60) as http:

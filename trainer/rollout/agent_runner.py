@@ -165,16 +165,14 @@ class AgentRunner(EpisodeRunner):
         async with self._sem:
             if self.mode == "subproc":
                 check_picklable(data, "data")
-            attempt = 0
-            while True:
+            for attempt in itertools.count():
                 ep = await self._run_once(data, group)
                 ep.retries = attempt
                 if not ep.worker_died or attempt >= self.max_retries:
                     return ep
-                attempt += 1
                 log.warning(
                     "agent worker died in session %s; running the episode again in a new "
-                    "session (retry %d of %d)", ep.session_id, attempt, self.max_retries,
+                    "session (retry %d of %d)", ep.session_id, attempt + 1, self.max_retries,
                 )  # fmt: skip
 
     async def _run_once(self, data: dict[str, Any], group: int) -> Episode:

@@ -164,7 +164,7 @@ def _run_job(job: bytes) -> bytes:
     except Exception as exc:
         note = ("; agent files that failed to import: " + "; ".join(failed)) if failed else ""
         return _error_reply("load", exc, note)
-    # every call sets both, so a call never sees the one before it's
+    # every call sets both: none sees the previous call's
     os.environ.update(zip(ENV_KEYS, (base_url, api_key), strict=True))
     try:
         value = asyncio.run(agent.run(data))
