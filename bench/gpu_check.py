@@ -268,22 +268,18 @@ def training_step(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU, gloo, fp32, a tiny model")
-    ap.add_argument("--seqs", type=int, default=None)
-    ap.add_argument("--tokens", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args()
-    if args.dry_run:
-        device, shape, dtype, bf16 = "cpu", TINY, torch.float32, False
-        seqs, tokens = args.seqs or 2, args.tokens or 64
+    if args.dry_run:  # sequences x tokens in the training step's batch: 2 x 64, or 8 x 1024
+        device, shape, dtype, bf16, size = "cpu", TINY, torch.float32, False, (2, 64)
     else:
         if not torch.cuda.is_available():
             raise SystemExit("no GPU here: run with --dry-run")
-        device, shape, dtype, bf16 = "cuda:0", QWEN3_0_6B, torch.bfloat16, True
-        seqs, tokens = args.seqs or 8, args.tokens or 1024
+        device, shape, dtype, bf16, size = "cuda:0", QWEN3_0_6B, torch.bfloat16, True, (8, 1024)
     card = torch.cuda.get_device_name(0) if device != "cpu" else "CPU (dry run)"
     print(f"device: {card}; model: {shape['num_hidden_layers']} layers x {shape['hidden_size']}")
-    batch = token_batch(seqs, tokens)
+    batch = token_batch(*size)
     push = weight_push(shape, dtype, device, args.rounds)
     print(
         f"weight push ({push['transport']}, two processes): {push['mib']:.0f} MiB in "

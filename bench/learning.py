@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.report import ROOT
+
 PROBE = re.compile(r"machine probe: ([0-9.]+) s")
 
 

@@ -67,7 +67,6 @@ class LevelResult:
     statuses: Counter[int] = field(default_factory=Counter)  # 0 = transport error
     errors: list[str] = field(default_factory=list)  # the first few, for the report
     records: list[Record] = field(default_factory=list)
-    client_cpu_s: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -108,7 +107,6 @@ class LevelResult:
             "rps": round(self.rps, 1),
             **{f"p{q}_ms": round(self.pct(q), 3) for q in (50, 90, 99)},
             "mean_ms": round(sum(lat) / len(lat), 3) if lat else float("nan"),
-            "client_cpu_s": round(self.client_cpu_s, 3),
             "errors": self.errors[:5],
         }
 
@@ -212,11 +210,9 @@ async def run_level(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector(concurrency), timeout=timeout) as http:
         chat = Chat(http, f"{base_url}/chat/completions", result)
-        cpu0 = time.process_time()
         t0 = time.perf_counter()
         await asyncio.gather(*(agent(chat) for _ in range(concurrency)))
         result.wall_s = time.perf_counter() - t0
-        result.client_cpu_s = time.process_time() - cpu0
     return result
 
 

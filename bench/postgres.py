@@ -49,14 +49,13 @@ class PostgresServer:
     """One cluster. `fsync=False` trades power-loss safety for speed (tests only: a
     killed gateway or a stopped server loses nothing either way)."""
 
-    def __init__(self, fsync: bool = True, max_connections: int = 300) -> None:
+    def __init__(self, fsync: bool = True) -> None:
         self.bin_dir = find_bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="turnstile-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = free_port()
         self.fsync = fsync
-        self.max_connections = max_connections
         # who owns the cluster: ourselves, unless we are root
         self.os_user = os.environ.get("TURNSTILE_PG_USER", "nobody") if os.geteuid() == 0 else None
 
@@ -72,7 +71,7 @@ class PostgresServer:
     def start(self, timeout_s: float = 60.0) -> PostgresServer:
         opts = (
             f"-c listen_addresses=127.0.0.1 -c port={self.port} "
-            f"-c unix_socket_directories='{self.root}' -c max_connections={self.max_connections}"
+            f"-c unix_socket_directories='{self.root}' -c max_connections=300"
             + ("" if self.fsync else " -c fsync=off -c synchronous_commit=off")
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts,

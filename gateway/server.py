@@ -29,10 +29,8 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
