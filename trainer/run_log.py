@@ -20,41 +20,29 @@ class RunLog:
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.eval_path = run_dir / "eval.jsonl"
-        self.evals: list[dict[str, Any]] = []
-        self.rows: list[dict[str, Any]] = []
-        if start_step and self.metrics_path.exists():
-            for line in self.metrics_path.read_text().splitlines():
-                row = json.loads(line)
-                if row.get("step", 0) <= start_step:
-                    self.rows.append(row)
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-        if start_step and self.eval_path.exists():
-            self.evals = [
-                e
-                for e in map(json.loads, self.eval_path.read_text().splitlines())
-                if e["step"] <= start_step
-            ]
-        self.eval_path.write_text("".join(json.dumps(e) + "\n" for e in self.evals))
+        self.rows = _rewrite(self.metrics_path, start_step)
+        self.evals = _rewrite(self.eval_path, start_step)
         self.trackers = list(trackers or [])
 
     def append(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
         scalars = {
             _tag(key): float(value)
             for key, value in row.items()
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
         }
-        for tracker in self.trackers:
-            tracker.log(scalars, int(row["step"]))
+        self._append(self.rows, self.metrics_path, row, scalars)
 
     def append_eval(self, row: dict[str, Any]) -> None:
         """One held-out evaluation (trainer/evaluation.py EvalResult.to_dict())."""
-        self.evals.append(row)
-        with self.eval_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
         scalars = {f"eval/{key}": float(row[key]) for key in ("accuracy", "reward_mean")}
+        self._append(self.evals, self.eval_path, row, scalars)
+
+    def _append(
+        self, rows: list[dict[str, Any]], path: Path, row: dict[str, Any], scalars: dict
+    ) -> None:
+        rows.append(row)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
         for tracker in self.trackers:
             tracker.log(scalars, int(row["step"]))
 
@@ -102,6 +90,17 @@ class RunLog:
         fig.savefig(path)
         plt.close(fig)
         return path
+
+
+def _rewrite(path: Path, start_step: int) -> list[dict[str, Any]]:
+    """The rows of `path` up to `start_step` (none on a fresh run), the file cut to them."""
+    rows = []
+    if start_step and path.exists():
+        rows = [
+            r for r in map(json.loads, path.read_text().splitlines()) if r["step"] <= start_step
+        ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
 
 
 def _tag(key: str) -> str:
