@@ -102,7 +102,3 @@ def make_env(name: str, **args: Any) -> EnvironmentService:
 
 def registered_agents() -> list[str]:
     return sorted(_AGENTS)
-
-
-def registered_envs() -> list[str]:
-    return sorted(_ENVS)
