@@ -81,13 +81,6 @@ def lr_factor(update: int, cfg: TrainConfig) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def lr_schedule(
-    optimizer: torch.optim.Optimizer, cfg: TrainConfig
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """`lr_factor` as the scheduler DeepSpeed steps after every optimizer update."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(done, cfg))
-
-
 class DeepSpeedEngine(TrainEngine):
     def __init__(self, model_dir: Path, cfg: TrainConfig, device: str = "cpu") -> None:
         import deepspeed
@@ -106,12 +99,11 @@ class DeepSpeedEngine(TrainEngine):
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
-        # DeepSpeed's own engine object, wrapping the model (not our TrainEngine)
+        # DeepSpeed's own engine object, wrapping the model (not our TrainEngine); it steps
+        # the scheduler after every optimizer update
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(done, cfg))
         self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            config=deepspeed_config(cfg),
-            lr_scheduler=lr_schedule(optimizer, cfg),
+            model=model, optimizer=optimizer, config=deepspeed_config(cfg), lr_scheduler=schedule
         )
         self.global_step = 0
         self.rank = distributed.rank()
