@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from trainer.backend.prefix_sharing import Family, families, pack_families
 
@@ -119,11 +120,8 @@ def pad_sequences(seqs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if all(v.reshape(-1).numel() == n for v, n in zip(values, lengths, strict=True)) and any(
             v.dim() >= 1 for v in values
         ):
-            rows = [v.reshape(-1) for v in values]
-            padded = torch.zeros((len(seqs), width), dtype=rows[0].dtype)
-            for i, row in enumerate(rows):
-                padded[i, : row.numel()] = row
-            out[key] = padded
+            rows = [v.reshape(-1).to(values[0].dtype) for v in values]
+            out[key] = pad_sequence(rows, batch_first=True)
         elif all(v.numel() == 1 for v in values):
             out[key] = torch.stack([v.reshape(()) for v in values])
         else:
@@ -131,10 +129,7 @@ def pad_sequences(seqs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
                 f"key {key!r} is neither one value per token nor one per sequence "
                 f"(shapes {[tuple(v.shape) for v in values][:4]}, lengths {lengths[:4]})"
             )
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = True
-    out["attention_mask"] = mask
+    out["attention_mask"] = torch.arange(width) < torch.tensor(lengths)[:, None]
     return out
 
 
