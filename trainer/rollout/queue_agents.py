@@ -102,72 +102,41 @@ class QueueAgentRunner(RecordedEpisodeRunner):
         temperatures: set[float] = set()
         obs_queue: asyncio.Queue = asyncio.Queue()
         act_queue: asyncio.Queue = asyncio.Queue()
-        failed: asyncio.Future = asyncio.get_running_loop().create_future()
         agent_task = asyncio.ensure_future(
             self.agent.collect_trajectory(prompt, self.env, obs_queue, act_queue)
         )
-        driver = asyncio.ensure_future(
-            self._drive(obs_queue, act_queue, engine, failed, temperatures)
-        )
+        driver = asyncio.ensure_future(self._drive(obs_queue, act_queue, engine, temperatures))
         try:
             done, _ = await asyncio.wait(
-                {agent_task, failed},
+                {agent_task, driver},
                 timeout=self.episode_timeout_s,
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if agent_task in done:
                 temperature = next(iter(temperatures)) if len(temperatures) == 1 else None
                 return agent_task.result(), temperature
-            if failed in done:
-                raise failed.exception()  # type: ignore[misc]
+            if driver in done:  # it ends only by failing: the task group's first error
+                raise driver.exception().exceptions[0]  # type: ignore[union-attr]
             raise TimeoutError(f"episode took longer than {self.episode_timeout_s} s")
         finally:
             for task in (agent_task, driver):
                 task.cancel()
             await asyncio.gather(agent_task, driver, return_exceptions=True)
-            if not failed.done():
-                failed.cancel()
-            elif not failed.cancelled():
-                failed.exception()  # retrieved: no "never retrieved" warning
 
     async def _drive(
         self,
         obs_queue: asyncio.Queue,
         act_queue: asyncio.Queue,
         engine: RolloutEngine,
-        failed: asyncio.Future,
         temperatures: set[float],
     ) -> None:
-        tasks: set[asyncio.Task] = set()
-
-        def fail(exc: BaseException) -> None:
-            if not failed.done():
-                failed.set_exception(exc)
-
-        def finished(task: asyncio.Task) -> None:
-            tasks.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                fail(task.exception())  # type: ignore[arg-type]
-
-        try:
+        """Serves each observation in a task group: a bad observation or a failed
+        generation cancels the others and ends the driver with it; so does cancelling it."""
+        async with asyncio.TaskGroup() as serving:
             while True:
-                item = await obs_queue.get()
-                try:
-                    qid, token_ids, gconfig = _parse_observation(item)
-                except (TypeError, ValueError) as exc:
-                    fail(exc)
-                    return
+                qid, token_ids, gconfig = _parse_observation(await obs_queue.get())
                 temperatures.add(gconfig.behaviour_temperature)
-                task = asyncio.ensure_future(
-                    self._serve(qid, token_ids, gconfig, act_queue, engine)
-                )
-                tasks.add(task)
-                task.add_done_callback(finished)
-        finally:
-            pending = list(tasks)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+                serving.create_task(self._serve(qid, token_ids, gconfig, act_queue, engine))
 
     @staticmethod
     async def _serve(
