@@ -21,12 +21,6 @@ def dumps(data: Any) -> bytes:
         return _dumps_slow(data).encode()
 
 
-def right_sized(data: bytes) -> bytes:
-    """A copy of `dumps`'s bytes for a cache to keep: orjson 3.13 hands back its whole
-    write buffer (4 kB at least; 16 MB over a full default parent cache)."""
-    return bytes(memoryview(data))
-
-
 def _plain(value: Any) -> Any:
     """What orjson cannot write as it is: prompt ids kept as chunks (token_ids.py)."""
     if isinstance(value, TokenIds):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -58,63 +57,43 @@ def test_same_is_json_equality() -> None:
 )
 def test_same_items_is_json_equality_of_the_head(old: list, new: list, expected: bool) -> None:
     assert same_items(old, new) is expected
-    # the same answer from the lists' JSON kept by the turns (a prefix test of the bytes)
-    assert same_items(old, new, json_codec.dumps(old), json_codec.dumps(new)) is expected
 
 
-def test_each_turn_keeps_its_lists_json_for_its_child() -> None:
-    """Turn 1 writes its messages' JSON; turn 2's delta compares against it and keeps
-    its own; a child that changed an earlier message is stored with it, not extended."""
+def test_a_history_parsed_whole_is_compared_as_json() -> None:
+    """A body parsed whole holds its own objects: its history extends the parent's when
+    their JSON says so; a child that changed an earlier message is stored with it."""
     first = {"messages": [{"role": "user", "content": "a"}], "tools": [{"t": 1}]}
-    kept1: dict[str, tuple[int, bytes]] = {}
-    delta_columns(None, first, [1], lists_json=kept1)
-    assert kept1 == {k: (len(v), json_codec.dumps(v)) for k, v in first.items()}
-    # (copies: a body parsed whole holds its own objects, compared by their JSON)
-    second = {**first, "messages": [*copy.deepcopy(first["messages"]), {"role": "user", "content": "b"}]}  # fmt: skip
-    kept2: dict[str, tuple[int, bytes]] = {}
-    cols = delta_columns(Full(first, [1], [2], kept1), second, [1, 2, 3], lists_json=kept2)
+    second = {**copy.deepcopy(first), "messages": [*copy.deepcopy(first["messages"]), {"role": "user", "content": "b"}]}  # fmt: skip
+    cols = delta_columns(Full(first, [1], [2]), second, [1, 2, 3])
     assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "b"}]}
-    assert kept2["messages"] == (2, json_codec.dumps(second["messages"]))
+    assert cols["request"]["set"] == {}  # the tools, equal copies
     edited = {**second, "messages": [{"role": "user", "content": "A"}, *second["messages"][1:]]}
-    cols = delta_columns(
-        Full(second, [1, 2, 3], [4], kept2), edited, [1, 2, 3, 4, 5], lists_json={}
-    )
+    cols = delta_columns(Full(second, [1, 2, 3], [4]), edited, [1, 2, 3, 4, 5])
     assert cols["request"]["set"] == {"messages": edited["messages"]}
 
 
-def test_the_lists_json_a_turn_keeps_costs_its_length() -> None:
-    """A parent cache holds thousands of turns' JSON: each must hold its own bytes, not
-    the encoder's whole write buffer (orjson's is 4 kB at least, however short the JSON)."""
-    turns = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(200)]
-    tracemalloc.start()
-    try:
-        kept = [{} for _ in turns]
-        for request, lists_json in zip(turns, kept, strict=True):
-            delta_columns(None, request, [1], lists_json=lists_json)
-        held = sum(
-            t.size for t in tracemalloc.take_snapshot().traces
-            if t.traceback[0].filename == json_codec.__file__
-        )  # fmt: skip
-    finally:
-        tracemalloc.stop()
-    length = sum(len(k["messages"][1]) for k in kept)
-    assert held < 2 * length + 64 * len(turns), (held, length)
-
-
-def test_a_history_holding_its_parents_very_messages_extends_it_without_json() -> None:
+def test_a_history_holding_its_parents_very_messages_extends_it_without_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A body parsed on its parent's (incremental_body.py) holds the parent's message
     objects: that is the proof, nothing is written or compared as JSON."""
+    from gateway.store import delta
+
+    compared: list[list] = []
+    real = delta.same_items
+    monkeypatch.setattr(
+        delta, "same_items", lambda old, new: compared.append(old) or real(old, new)
+    )
     first = {"messages": [{"role": "user", "content": "a"}]}
     second = {"messages": [*first["messages"], {"role": "user", "content": "b"}]}
-    kept: dict[str, tuple[int, bytes]] = {}
-    cols = delta_columns(Full(first, [1], [2], {}), second, [1, 2, 3], lists_json=kept)
+    cols = delta_columns(Full(first, [1], [2]), second, [1, 2, 3])
     assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "b"}]}
-    assert kept == {}
+    assert compared == []
     # equal objects that are not the parent's are still compared (and found equal)
     third = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "c"}]}
-    cols = delta_columns(Full(first, [1], [2], {}), third, [1, 2, 3], lists_json=kept)
+    cols = delta_columns(Full(first, [1], [2]), third, [1, 2, 3])
     assert cols["request"]["extend"] == {"messages": [{"role": "user", "content": "c"}]}
-    assert "messages" in kept
+    assert compared == [first["messages"]]
 
 
 @pytest.mark.parametrize(

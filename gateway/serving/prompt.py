@@ -158,9 +158,8 @@ class Prompts:
         resume = turn.conversation.resume_point(answer_hash) if turn.conversation else None
         output_ids = self.renderer.interned(out.output_ids)  # (see ChatRenderer.interned)
         parent = Parent(
-            out.completion_id, turn.prompt_ids, output_ids, turn.request, prefix, resume,
-            turn.lists_json,
-        )  # fmt: skip
+            out.completion_id, turn.prompt_ids, output_ids, turn.request, prefix, resume
+        )
         self.recent.put((turn.session_id, answer_hash), parent)
         if resume is not None:
             key = (turn.session_id, len(resume.messages))

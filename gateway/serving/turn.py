@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from gateway.chat.linking import ConversationHash, Resume
 from gateway.chat.template import Rendered, TextPrefix
 from gateway.inference.base import SamplingParams, TopLogprobs
-from gateway.store.delta import Full, ListsJson
+from gateway.store.delta import Full
 from gateway.store.records import CompletionRecord
 
 
@@ -30,7 +30,6 @@ class Parent(NamedTuple):
     request: dict[str, Any] | None = None  # as recorded (None: unknown; the child is stored whole)
     prefix: TextPrefix | None = None
     conversation: Resume | None = None
-    lists_json: ListsJson | None = None  # its request's lists as JSON (see store/delta.py)
 
 
 class Link(NamedTuple):
@@ -112,8 +111,6 @@ class Turn:
     # a client's side request (a title for its UI, a small model's chore): recorded,
     # left out of training exports by default
     side_request: bool = False
-    # the request's lists (messages, tools) as JSON, written by its record's delta
-    lists_json: ListsJson = field(default_factory=dict)
 
     def answer_hash(self, message: dict[str, Any]) -> str:
         """The hash a later turn that continues the answer `message` finds it by."""
@@ -204,12 +201,11 @@ def completion_record(
         gen_s=out.gen_s,
         total_s=time.perf_counter() - turn.started,
         parent=(
-            Full(parent.request, parent.prompt_ids, parent.output_ids, parent.lists_json)
+            Full(parent.request, parent.prompt_ids, parent.output_ids)
             if parent is not None and parent.request is not None
             else None
         ),
         diagnostics=diagnostics or None,
-        lists_json=turn.lists_json,
     )
 
 

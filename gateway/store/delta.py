@@ -27,12 +27,6 @@ from gateway.store.codec import pack_ints, unpack_ints
 Request = dict[str, Any]
 
 
-# The JSON of a request's list values (its messages, tools), by key, as `json_codec`
-# writes them: a turn keeps its own for its child's delta, which then writes only its.
-# Each with the list's length when written: JSON of another length is not that list's.
-ListsJson = dict[str, tuple[int, bytes]]
-
-
 @dataclass(slots=True, frozen=True)
 class Full:
     """A turn as it was asked: what a child's delta is taken against."""
@@ -40,7 +34,6 @@ class Full:
     request: Request
     prompt_ids: list[int]
     output_ids: list[int]
-    lists_json: ListsJson | None = None  # what is known of it
 
 
 def same(a: Any, b: Any) -> bool:
@@ -56,33 +49,24 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def same_items(
-    old: list[Any], new: list[Any], old_json: bytes | None = None, new_json: bytes | None = None
-) -> bool:
+def same_items(old: list[Any], new: list[Any]) -> bool:
     """`old` equals `new[:len(old)]` item by item, as `same` says.
 
     A turn's messages repeat its parent's, so this runs over the whole history every
-    turn, in C: equal JSON leaves only `null` open (orjson writes None, NaN and the
-    infinities so), and Python's `==` tells those apart. `same` walks the items only
-    where neither settles it (a NaN in both, a value orjson cannot write). With both
-    lists' JSON known (`old_json`, `new_json`: all of `new`, not only its head), the
-    bytes compare is one prefix test: `old`'s items, then `,` or `]` in `new`'s.
-    (A search of the bytes for `null` took longer than both compares together.)"""
+    turn where they are not its parent's very objects, in C: equal JSON leaves only
+    `null` open (orjson writes None, NaN and the infinities so), and Python's `==` tells
+    those apart. `same` walks the items only where neither settles it (a NaN in both, a
+    value orjson cannot write). (A search of the bytes for `null` took longer than both
+    compares together.)"""
     if len(old) > len(new):
         return False
     if not old:
         return True
     head = new[: len(old)]
-    if old_json is not None and new_json is not None:
-        # each item's text is whole, so new's first items are old's when its JSON
-        # starts with old's (less the closing `]`) and an item ends there
-        cut = len(old_json) - 1
-        as_json = new_json.startswith(memoryview(old_json)[:cut]) and new_json[cut] in b",]"
-    else:
-        try:
-            as_json = json_codec.dumps(old) == json_codec.dumps(head)
-        except TypeError:
-            return all(map(same, old, head))
+    try:
+        as_json = json_codec.dumps(old) == json_codec.dumps(head)
+    except TypeError:
+        return all(map(same, old, head))
     if not as_json:
         return False
     return old == head or all(map(same, old, head))
@@ -113,25 +97,19 @@ def continued_length(prompt: list[int], output: list[int], ids: list[int]) -> in
     return n + shared_prefix(output, ids[n:])
 
 
-def request_delta(
-    base: Request,
-    request: Request,
-    base_json: ListsJson | None = None,
-    lists_json: ListsJson | None = None,
-) -> tuple[Request, bool]:
+def request_delta(base: Request, request: Request) -> tuple[Request, bool]:
     """The delta of `request` on `base`, and whether any list of `base` was continued.
-    `base_json`: what is known of `base`'s lists' JSON; `lists_json`: `request`'s is
-    written (or read) there, for its own child.
 
     A list that starts with `base`'s very objects continues it without a compare: a
     body parsed on its session's previous one holds that one's messages
-    (gateway/entrypoints/incremental_body.py), and recorded requests are not changed."""
+    (gateway/entrypoints/incremental_body.py), and recorded requests are not changed;
+    other lists are compared as JSON (`same_items`)."""
     extend: dict[str, list[Any]] = {}
     changed: dict[str, Any] = {}
     for key, value in request.items():
         old = base.get(key, _MISSING)
         if isinstance(value, list) and isinstance(old, list) and len(old) <= len(value):
-            if _list_continues(key, old, value, base_json, lists_json):
+            if all(map(operator.is_, old, value)) or same_items(old, value):
                 if len(old) < len(value):
                     extend[key] = value[len(old) :]
                 continue
@@ -139,46 +117,6 @@ def request_delta(
             continue
         changed[key] = value
     return {"keys": list(request), "extend": extend, "set": changed}, bool(extend)
-
-
-def _list_continues(
-    key: str,
-    old: list[Any],
-    new: list[Any],
-    base_json: ListsJson | None,
-    lists_json: ListsJson | None,
-) -> bool:
-    """Does `new` start with `old`'s items? Its parent's very objects settle it at once;
-    otherwise compared as JSON (`same_items`), `new`'s written to `lists_json`."""
-    if all(map(operator.is_, old, new)):
-        return True
-    new_json = _kept_json(lists_json, key, new)
-    kept = base_json.get(key) if base_json else None
-    old_json = kept[1] if kept is not None and kept[0] == len(old) else None
-    if old_json is None and new_json is not None:
-        old_json = _json_or_none(old)
-    return same_items(old, new, old_json, new_json)
-
-
-def _kept_json(lists_json: ListsJson | None, key: str, value: list[Any]) -> bytes | None:
-    """`value`'s JSON, kept in `lists_json` (when given) for the turn's child."""
-    if lists_json is None:
-        return None
-    known = lists_json.get(key)
-    if known is not None and known[0] == len(value):
-        return known[1]
-    data = _json_or_none(value)
-    if data is not None:
-        data = json_codec.right_sized(data)  # kept with the turn's answer
-        lists_json[key] = (len(value), data)
-    return data
-
-
-def _json_or_none(value: Any) -> bytes | None:
-    try:
-        return json_codec.dumps(value)
-    except TypeError:
-        return None
 
 
 def apply_request_delta(base: Request, delta: Request) -> Request:
@@ -200,7 +138,6 @@ def delta_columns(
     request: Request,
     prompt_ids: list[int],
     continues: bool | None = None,
-    lists_json: ListsJson | None = None,
 ) -> dict[str, Any]:
     """The `request`, `prompt_ids`, `is_delta` and `prompt_shared` columns of a row.
 
@@ -208,10 +145,9 @@ def delta_columns(
     list of its request nor the start of its tokens): one way to decide, at write time
     and in the migration alike. `continues`: the prompt is known to start with the
     parent's prompt + output ids (it was built on them), so they need no comparing.
-    `lists_json`: where `request`'s lists' JSON is kept for its child (see `Full`).
     """
     if parent is not None:
-        delta, continued = request_delta(parent.request, request, parent.lists_json, lists_json)
+        delta, continued = request_delta(parent.request, request)
         if continues:
             shared = len(parent.prompt_ids) + len(parent.output_ids)
         else:
@@ -223,9 +159,6 @@ def delta_columns(
                 "is_delta": True,
                 "prompt_shared": shared,
             }
-    for key, value in request.items():  # a first turn's lists, for its child's delta
-        if isinstance(value, list):
-            _kept_json(lists_json, key, value)
     return {"request": request, "prompt_ids": pack_ints(prompt_ids), "is_delta": False,
             "prompt_shared": 0}  # fmt: skip
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gateway.store.codec import pack_floats, pack_ints
-from gateway.store.delta import Full, ListsJson, delta_columns
+from gateway.store.delta import Full, delta_columns
 from gateway.store.schema import CompletionRow
 
 
@@ -41,7 +41,6 @@ class CompletionRecord:
     total_s: float = 0.0
     created_at: float = field(default_factory=time.time)
     parent: Full | None = None  # the parent as asked: this row is stored as a delta on it
-    lists_json: ListsJson | None = None  # where the request's lists' JSON is kept (delta.py)
 
     def to_row(self) -> dict[str, Any]:
         """The `completions` table row: token arrays packed to compact binary, request
@@ -50,11 +49,7 @@ class CompletionRecord:
         return {
             **{name: getattr(self, name) for name in _COLUMNS},
             **delta_columns(
-                self.parent,
-                self.request,
-                self.prompt_ids,
-                self.tokens_continue_parent,
-                self.lists_json,
+                self.parent, self.request, self.prompt_ids, self.tokens_continue_parent
             ),
             "output_ids": pack_ints(self.output_ids),
             "output_logprobs": pack_floats(self.output_logprobs[:n]),
