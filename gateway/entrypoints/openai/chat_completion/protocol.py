@@ -117,7 +117,7 @@ class ChatShapes:
                 choice["logprobs"] = {"content": content}
             else:
                 choice["logprobs"] = None
-            choice["message"] = message_dict(a.message or {})
+            choice["message"] = a.message  # (as the API shapes it: Choice.message)
             choices.append(choice)
         return {
             "id": response_id,
@@ -216,23 +216,3 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def message_dict(message: dict[str, Any]) -> dict[str, Any]:
-    """The assistant message as the API returns it (tool calls as function calls)."""
-    out: dict[str, Any] = {"content": message.get("content"), "role": "assistant"}
-    if message.get("reasoning_content") is not None:
-        out["reasoning_content"] = message["reasoning_content"]
-    if message.get("tool_calls"):
-        out["tool_calls"] = [
-            {
-                "id": tc["id"],
-                "function": {
-                    "arguments": tc["function"]["arguments"],
-                    "name": tc["function"]["name"],
-                },
-                "type": "function",
-            }
-            for tc in message["tool_calls"]
-        ]
-    return out

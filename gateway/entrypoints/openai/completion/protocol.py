@@ -12,7 +12,6 @@ from openai.types.completion_usage import CompletionUsage
 from pydantic import Field, field_validator
 
 from gateway.entrypoints.openai.protocol import ChoicesRequest
-from gateway.sse import sse_event
 
 
 class CompletionRequest(ChoicesRequest):
@@ -45,7 +44,7 @@ class CompletionRequest(ChoicesRequest):
 
 
 class CompletionShapes:
-    """`Completion` bodies and chunks; holds the tokenizer for logprob token strings."""
+    """Logprobs as `Completion` gives them; holds the tokenizer for their token strings."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -64,55 +63,21 @@ class CompletionShapes:
             tokens=tokens, token_logprobs=list(lps), top_logprobs=top_lp, text_offset=offsets
         )
 
-    def choice(
-        self, req: CompletionRequest, index: int, text: str, finish: str, lp: Logprobs | None
-    ) -> CompletionChoice:
-        return CompletionChoice.model_construct(
-            index=index,
-            text=text,
-            finish_reason=finish if finish != "abort" else "stop",
-            logprobs=lp,
-        )
 
-    def completion(
-        self,
-        req: CompletionRequest,
-        cid: str,
-        choices: list[CompletionChoice],
-        prompt_tokens: int,
-        completion_tokens: int,
-    ) -> dict[str, Any]:
-        return _body(req, cid, choices=choices, usage=usage(prompt_tokens, completion_tokens))
-
-    def chunk(
-        self,
-        req: CompletionRequest,
-        cid: str,
-        index: int,
-        text: str,
-        finish: str | None,
-        lp: Logprobs | None = None,
-    ) -> bytes:
-        choice = CompletionChoice.model_construct(
-            index=index, text=text, finish_reason=finish, logprobs=lp
-        )
-        return self._event(req, cid, choices=[choice])
-
-    def usage_chunk(
-        self, req: CompletionRequest, cid: str, prompt_tokens: int, completion_tokens: int
-    ) -> bytes:
-        return self._event(req, cid, choices=[], usage=usage(prompt_tokens, completion_tokens))
-
-    def _event(self, req: CompletionRequest, cid: str, **fields: Any) -> bytes:
-        return sse_event(_body(req, cid, **fields))
+def choice(index: int, text: str, finish: str | None, lp: Logprobs | None = None) -> Any:
+    """A choice (an aborted one as `stop`: the API knows no other)."""
+    finish = "stop" if finish == "abort" else finish
+    return CompletionChoice.model_construct(
+        index=index, text=text, finish_reason=finish, logprobs=lp
+    )
 
 
-def _body(req: CompletionRequest, cid: str, **fields: Any) -> dict[str, Any]:
-    """A `Completion` (whole, or one chunk of a stream) as JSON data."""
-    body = Completion.model_construct(
+def body(req: CompletionRequest, cid: str, **fields: Any) -> dict[str, Any]:
+    """A `Completion` (whole, or one chunk of a stream: `sse_event` it) as JSON data."""
+    completion = Completion.model_construct(
         id=cid, object="text_completion", created=int(time.time()), model=req.model, **fields
     )
-    return body.model_dump(mode="json", exclude_unset=True)
+    return completion.model_dump(mode="json", exclude_unset=True)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:

@@ -12,7 +12,13 @@ import hashlib
 from typing import Any
 
 from gateway.chat.events import Event
-from gateway.entrypoints.openai.completion.protocol import CompletionRequest, CompletionShapes
+from gateway.entrypoints.openai.completion.protocol import (
+    CompletionRequest,
+    CompletionShapes,
+    body,
+    choice,
+    usage,
+)
 from gateway.errors import APIError
 from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages
 from gateway.serving.generate import Sampling
@@ -25,7 +31,7 @@ from gateway.serving.turn import (
     choice_ids,
     recorded_answer,
 )
-from gateway.sse import SSE_DONE
+from gateway.sse import SSE_DONE, sse_event
 from gateway.store.repository import SessionInfo
 
 
@@ -39,11 +45,12 @@ class CompletionChoice(Choice):
             return []
         req: CompletionRequest = self.p.req
         lp = self.shapes.logprobs(req, delta.token_ids, delta.logprobs, delta.top_logprobs)
-        return [self.shapes.chunk(req, self.p.context["id"], self.index, delta.text, None, lp)]
+        return [chunk(req, self.p.context["id"], choice(self.index, delta.text, None, lp))]
 
     def done(self, answer: Answer) -> list[bytes]:
-        cid = self.p.context["id"]
-        return [self.shapes.chunk(self.p.req, cid, self.index, "", answer.finish_reason)]
+        return [
+            chunk(self.p.req, self.p.context["id"], choice(self.index, "", answer.finish_reason))
+        ]
 
 
 class CompletionServing(ServingEndpoint[CompletionRequest]):
@@ -111,11 +118,11 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
             if req.echo:
                 text = self.tokenizer.decode(p.turns[o.index // req.n].prompt_ids) + text
             lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, o.top_logprobs)
-            choices.append(self.shapes.choice(req, o.index, text, o.finish_reason, lp))
+            choices.append(choice(o.index, text, o.finish_reason, lp))
         prompt_tokens = sum(len(t.prompt_ids) for t in p.turns)
         completion_tokens = sum(len(o.output_ids) for o in outs)
-        return self.shapes.completion(
-            req, p.context["id"], choices, prompt_tokens, completion_tokens
+        return body(
+            req, p.context["id"], choices=choices, usage=usage(prompt_tokens, completion_tokens)
         )
 
     def stream_start(self, p: Prepared) -> list[bytes]:
@@ -126,7 +133,7 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         for k, turn in enumerate(p.turns):
             text = self.tokenizer.decode(turn.prompt_ids)
             for i in range(req.n):
-                frames.append(self.shapes.chunk(req, p.context["id"], k * req.n + i, text, None))
+                frames.append(chunk(req, p.context["id"], choice(k * req.n + i, text, None)))
         return frames
 
     def stream_end(self, p: Prepared, answers: list[Answer]) -> list[bytes]:
@@ -135,7 +142,7 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         if (req.stream_options or {}).get("include_usage"):
             pt = sum(len(t.prompt_ids) for t in p.turns)
             ct = sum(len(a.out.output_ids) for a in answers)
-            frames.append(self.shapes.usage_chunk(req, p.context["id"], pt, ct))
+            frames.append(sse_event(body(req, p.context["id"], choices=[], usage=usage(pt, ct))))
         return [*frames, SSE_DONE]
 
     def replay_body(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
@@ -143,18 +150,26 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         for a in map(recorded_answer, rows):
             o = a.out
             lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, None)
-            choices.append(self.shapes.choice(req, o.index, o.text, o.finish_reason, lp))
+            choices.append(choice(o.index, o.text, o.finish_reason, lp))
         # each prompt's tokens once: its first choice's
         prompt_tokens = sum(r["prompt_tokens"] for r in rows if r["choice_index"] % req.n == 0)
         completion_tokens = sum(len(r["output_ids"]) for r in rows)
-        return self.shapes.completion(req, rows[0]["id"], choices, prompt_tokens, completion_tokens)
+        return body(
+            req, rows[0]["id"], choices=choices, usage=usage(prompt_tokens, completion_tokens)
+        )
 
     def replay_frames(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
-        cid = rows[0]["id"]
         frames = [
-            self.shapes.chunk(
-                req, cid, r["choice_index"], r["response"].get("text", ""), r["finish_reason"]
+            chunk(
+                req,
+                rows[0]["id"],
+                choice(r["choice_index"], r["response"].get("text", ""), r["finish_reason"]),
             )
             for r in rows
         ]
         return [*frames, SSE_DONE]
+
+
+def chunk(req: CompletionRequest, cid: str, one: Any) -> bytes:
+    """A stream's chunk of one choice."""
+    return sse_event(body(req, cid, choices=[one]))
