@@ -29,7 +29,7 @@ from gateway.errors import install_error_handlers
 from gateway.inference.base import InferenceEngine
 from gateway.inference.model_source import resolve_model_dir
 from gateway.inference.registry import make_inference_engine
-from gateway.metrics import Metrics, RequestTimer
+from gateway.metrics import Metrics
 from gateway.state import GatewayState, serving_stages
 from gateway.store.database import open_database
 from gateway.store.recorder import Recorder
@@ -109,9 +109,8 @@ def create_app(
     app.state.gateway = state
     # innermost: the generating POSTs, answered before the router (hot_routes.py)
     app.add_middleware(GeneratingRoutes, routers=[m.router for m in ROUTERS])
-    # then the body-size limit and the unexpected-error catcher
-    install_error_handlers(app, config.max_body_bytes)
-    app.add_middleware(RequestTimer, metrics=state.metrics)  # outermost: sees every status
+    # outermost: the body-size limit, the unexpected-error catcher and the request timer
+    install_error_handlers(app, config.max_body_bytes, state.metrics.observe_request)
     for module in ROUTERS:
         app.include_router(module.router)
     install_openapi(app)

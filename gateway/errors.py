@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -160,10 +161,12 @@ EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[JSO
 }
 
 
-def install_error_handlers(app: FastAPI, max_body_bytes: int) -> None:
+def install_error_handlers(
+    app: FastAPI, max_body_bytes: int, observe: Callable[[Any, int, float], None]
+) -> None:
     for cls, handler in EXCEPTION_HANDLERS.items():
         app.add_exception_handler(cls, handler)
-    app.add_middleware(_Guard, max_bytes=max_body_bytes)
+    app.add_middleware(_Guard, max_bytes=max_body_bytes, observe=observe)
 
 
 def check_finite(value: float, param: str) -> float:
@@ -179,21 +182,44 @@ def check_finite(value: float, param: str) -> float:
 
 
 class _Guard:
-    """Pure ASGI middleware for what no handler answers: a request body over `max_bytes`
-    is a 413, read no further; an unexpected exception is a 500 in the API's shape.
+    """Pure ASGI middleware, outermost, for what no handler answers: a request body over
+    `max_bytes` is a 413, read no further; an unexpected exception is a 500 in the API's
+    shape. It sees every response's status, so it also times each request (`observe`).
 
     Not `exception_handler(Exception)`: Starlette runs that one in its outermost
     middleware and re-raises afterwards, which makes uvicorn drop the keep-alive
     connection under the client's feet. Answering here keeps the connection usable."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(
+        self, app: Any, max_bytes: int, observe: Callable[[Any, int, float], None]
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.observe = observe  # (scope, status, seconds) of every HTTP request
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        began, status = time.perf_counter(), 0  # the response's status, once it starts
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._limited(scope, receive, send_tracked)
+        except Exception as exc:
+            if status:
+                raise
+            answer = error_response(as_api_error(exc), scope.get("path", ""))
+            await answer(scope, receive, send_tracked)
+        finally:
+            self.observe(scope, status or 500, time.perf_counter() - began)
+
+    async def _limited(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is None:  # no length (a chunked upload): read it here, up to the limit
@@ -212,19 +238,7 @@ class _Guard:
         elif declared.isdigit() and int(declared) > self.max_bytes:
             await error_response(self._too_large(), path)(scope, receive, send)
             return  # (a declared length within the limit: the server enforces it)
-        started = False
-
-        async def send_tracked(message: Any) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_tracked)
-        except Exception as exc:
-            if started:
-                raise
-            await error_response(as_api_error(exc), path)(scope, receive, send)
+        await self.app(scope, receive, send)
 
     def _too_large(self) -> APIError:
         return APIError(

@@ -9,8 +9,6 @@ charts are declared up front at 0, as are the histograms and gauges. docs/gatewa
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import (
@@ -109,41 +107,12 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def observe_request(self, scope: dict[str, Any], status: int, seconds: float) -> None:
+        """One HTTP request, labelled with its route's template (`/v1/sessions/{id}`),
+        never the raw path, so the series stay few; unmatched paths share one label."""
+        route = getattr(scope.get("route"), "path", "unmatched")
+        self.request_seconds.labels(route, scope["method"], str(status)).observe(seconds)
+
 
 def _help(name: str) -> str:
     return name.removeprefix("turnstile_").removesuffix("_total").replace("_", " ")
-
-
-Scope = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable, Callable], Awaitable[None]]
-
-
-class RequestTimer:
-    """Pure ASGI middleware: one histogram observation per HTTP request, labelled with
-    the route's template (`/v1/sessions/{session_id}`), never the raw path, so the
-    series stay few; unmatched paths share one label."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def send_status(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = scope.get("route")
-            self.metrics.request_seconds.labels(
-                getattr(route, "path", "unmatched"), scope["method"], str(status)
-            ).observe(time.perf_counter() - started)
