@@ -10,29 +10,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from openai.types.responses import (
-    ResponseCompletedEvent,
-    ResponseContentPartAddedEvent,
-    ResponseContentPartDoneEvent,
-    ResponseCreatedEvent,
-    ResponseErrorEvent,
-    ResponseFunctionCallArgumentsDeltaEvent,
-    ResponseFunctionCallArgumentsDoneEvent,
-    ResponseIncompleteEvent,
-    ResponseInProgressEvent,
-    ResponseOutputItemAddedEvent,
-    ResponseOutputItemDoneEvent,
-    ResponseReasoningTextDeltaEvent,
-    ResponseReasoningTextDoneEvent,
-    ResponseTextDeltaEvent,
-    ResponseTextDoneEvent,
-)
-
 from gateway.chat.events import ToolCall
 from gateway.chat.output_parser import OutputParser
 from gateway.entrypoints.openai.responses.protocol import (
     call_item,
-    dump,
     message_item,
     reasoning_item,
     text_part,
@@ -41,25 +22,6 @@ from gateway.errors import APIError
 from gateway.serving.endpoint import BlockChoice
 from gateway.serving.turn import Answer
 from gateway.sse import sse_event
-
-# Each event type with the openai class that shapes it.
-EVENTS: dict[str, Any] = {
-    "response.created": ResponseCreatedEvent,
-    "response.in_progress": ResponseInProgressEvent,
-    "response.output_item.added": ResponseOutputItemAddedEvent,
-    "response.output_item.done": ResponseOutputItemDoneEvent,
-    "response.content_part.added": ResponseContentPartAddedEvent,
-    "response.content_part.done": ResponseContentPartDoneEvent,
-    "response.output_text.delta": ResponseTextDeltaEvent,
-    "response.output_text.done": ResponseTextDoneEvent,
-    "response.reasoning_text.delta": ResponseReasoningTextDeltaEvent,
-    "response.reasoning_text.done": ResponseReasoningTextDoneEvent,
-    "response.function_call_arguments.delta": ResponseFunctionCallArgumentsDeltaEvent,
-    "response.function_call_arguments.done": ResponseFunctionCallArgumentsDoneEvent,
-    "response.completed": ResponseCompletedEvent,
-    "response.incomplete": ResponseIncompleteEvent,
-    "error": ResponseErrorEvent,
-}
 
 
 class ResponseChoice(BlockChoice):
@@ -78,9 +40,9 @@ class ResponseChoice(BlockChoice):
     def _frame(self, type: str, **fields: Any) -> bytes:
         if not self.emit:
             return b""
-        event = EVENTS[type].model_construct(sequence_number=self.seq, type=type, **fields)
+        event = {"type": type, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return sse_event(dump(event), type)
+        return sse_event(event, type)
 
     def _item(self, stage: str, item: Any) -> bytes:
         """`response.output_item.added` or `.done` for the item at the next index."""

@@ -1,5 +1,5 @@
 """`POST /v1/responses` shapes: the request body, its input as chat messages, and the
-`Response` and output items answered (the `openai` package's own types).
+`Response` and output items answered (plain dicts in the `openai` package's shapes).
 
 Unknown request fields (`store`, `include`, `reasoning`, `text`, `truncation`,
 `metadata`, ...) are accepted and ignored.
@@ -9,23 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai.types.responses import (
-    FunctionTool,
-    Response,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-    ResponseReasoningItem,
-    ResponseUsage,
-    ToolChoiceFunction,
-)
-from openai.types.responses.response import IncompleteDetails
-from openai.types.responses.response_reasoning_item import Content as ReasoningText
-from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import Field, field_validator
 
 from gateway.chat.events import ToolCall
@@ -144,61 +130,57 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return out or None
 
 
-# ---- output shapes -----------------------------------------------------------------------
-def message_item(text: str, item_id: str | None = None, done: bool = True) -> ResponseOutputMessage:
-    return ResponseOutputMessage.model_construct(
-        id=item_id or f"msg_{uuid.uuid4().hex}",
-        type="message",
-        role="assistant",
-        status="completed" if done else "in_progress",
-        content=[text_part(text)] if done else [],
-    )
+# ---- output shapes: plain dicts in the `openai` package's shapes (tests check them) ------
+def _status(done: bool) -> str:
+    return "completed" if done else "in_progress"
 
 
-def reasoning_item(
-    text: str, item_id: str | None = None, done: bool = True
-) -> ResponseReasoningItem:
-    content = [ReasoningText.model_construct(type="reasoning_text", text=text)] if done else []
-    return ResponseReasoningItem.model_construct(
-        id=item_id or f"rs_{uuid.uuid4().hex}",
-        type="reasoning",
-        summary=[],
-        content=content,
-        status="completed" if done else "in_progress",
-    )
+def message_item(text: str, item_id: str, done: bool = True) -> dict[str, Any]:
+    content = [text_part(text)] if done else []
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": _status(done),
+        "content": content,
+    }
 
 
-def text_part(text: str) -> ResponseOutputText:
-    return ResponseOutputText.model_construct(type="output_text", text=text, annotations=[])
+def reasoning_item(text: str, item_id: str, done: bool = True) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if done else []
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": content,
+        "status": _status(done),
+    }
 
 
-def call_item(
-    call: ToolCall, item_id: str | None = None, done: bool = True
-) -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall.model_construct(
-        id=item_id or f"fc_{uuid.uuid4().hex}",
-        type="function_call",
-        call_id=call.id,
-        name=call.name,
-        arguments=call.arguments if done else "",
-        status="completed" if done else "in_progress",
-    )
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
 
 
-def usage(prompt_tokens: int, output_tokens: int) -> ResponseUsage:
-    return ResponseUsage.model_construct(
-        input_tokens=prompt_tokens,
-        input_tokens_details=InputTokensDetails.model_construct(
-            cached_tokens=0, cache_write_tokens=0
-        ),
-        output_tokens=output_tokens,
-        output_tokens_details=OutputTokensDetails.model_construct(reasoning_tokens=0),
-        total_tokens=prompt_tokens + output_tokens,
-    )
+def call_item(call: ToolCall, item_id: str, done: bool = True) -> dict[str, Any]:
+    arguments = call.arguments if done else ""
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": arguments,
+        "status": _status(done),
+    }
 
 
-def dump(model: Any) -> dict[str, Any]:
-    return model.model_dump(mode="json", exclude_unset=True, warnings=False)
+def usage(prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + output_tokens,
+    }
 
 
 @dataclass(slots=True)
@@ -213,46 +195,43 @@ class ResponseContext:
 
     def response(
         self, status: str, output: list[Any], tokens: tuple[int, int] | None = None
-    ) -> Response:
+    ) -> dict[str, Any]:
         req = self.req
-        fields: dict[str, Any] = dict(
-            id=self.response_id,
-            object="response",
-            created_at=self.created_at,
-            model=req.model,
-            status=status,
-            output=output,
-            instructions=req.instructions,
-            parallel_tool_calls=True
-            if req.parallel_tool_calls is None
-            else req.parallel_tool_calls,
-            tool_choice=_tool_choice(req.tool_choice),
-            tools=[_function_tool(t) for t in req.tools or []],
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_output_tokens=req.max_output_tokens,
-            previous_response_id=req.previous_response_id,
-            error=None,
-            incomplete_details=None,
-            metadata=(req.model_extra or {}).get("metadata") or {},
-        )
-        if status == "incomplete":
-            fields["incomplete_details"] = IncompleteDetails.model_construct(
-                reason="max_output_tokens"
-            )
+        parallel = req.parallel_tool_calls
+        response: dict[str, Any] = {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "model": req.model,
+            "status": status,
+            "output": output,
+            "instructions": req.instructions,
+            "parallel_tool_calls": True if parallel is None else parallel,
+            "tool_choice": _tool_choice(req.tool_choice),
+            "tools": [_function_tool(t) for t in req.tools or []],
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_output_tokens": req.max_output_tokens,
+            "previous_response_id": req.previous_response_id,
+            "error": None,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
+            "metadata": (req.model_extra or {}).get("metadata") or {},
+        }
         if tokens is not None:
-            fields["usage"] = usage(*tokens)
-        return Response.model_construct(**fields)
+            response["usage"] = usage(*tokens)
+        return response
 
 
 def _tool_choice(choice: Any) -> Any:
     if choice is None:
         return "auto"
     if isinstance(choice, dict) and forced_tool(choice):
-        return ToolChoiceFunction.model_construct(type="function", name=forced_tool(choice))
+        return {"type": "function", "name": forced_tool(choice)}
     return choice
 
 
-def _function_tool(tool: dict[str, Any]) -> FunctionTool:
+def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
     fields = {k: v for k, v in tool.items() if k in ("name", "description", "parameters")}
-    return FunctionTool.model_construct(type="function", strict=tool.get("strict"), **fields)
+    return {"type": "function", "strict": tool.get("strict"), **fields}

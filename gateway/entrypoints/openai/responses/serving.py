@@ -26,7 +26,6 @@ from gateway.entrypoints.openai.responses.protocol import (
     ResponseContext,
     ResponsesRequest,
     chat_tools,
-    dump,
     input_items,
     to_messages,
 )
@@ -96,7 +95,7 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         status = "incomplete" if out.finish_reason == "length" else "completed"
         tokens = (len(turn.prompt_ids), len(out.output_ids))
         response = p.context["shape"].response(status, list(choice.blocks), tokens)
-        return Answer(out, finish, dump(response), turn.answer_hash(message), message)
+        return Answer(out, finish, response, turn.answer_hash(message), message)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
         return answers[0].response
