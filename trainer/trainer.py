@@ -21,7 +21,7 @@ import logging
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +29,25 @@ import httpx
 import yaml
 from tqdm.auto import tqdm
 
+from gateway.inference.base import WeightUpdate
+from gateway.inference.model_source import resolve_model_dir
+from gateway.inference.registry import INFERENCE_ENGINES, engine_spec
+from gateway.samples import check_export_style
 from trainer.algorithm.actor import PPOActor, to_sequences
 from trainer.algorithm.advantages import get_advantage
 from trainer.algorithm.losses import get_loss
 from trainer.api.config import TrainerConfig, load_config
+from trainer.api.registry import make_agent, make_env
 from trainer.backend import distributed
 from trainer.backend.batches import pad_sequences
 from trainer.backend.deepspeed_engine import DeepSpeedEngine
 from trainer.datasets import load_dataset
+from trainer.evaluation import Evaluator, held_out_rows
 from trainer.health import CollapseWatch, answer_signals
 from trainer.loading import WorkflowError, import_files, load_class, make_workflow
+from trainer.machine_probe import estimate, probe_seconds
 from trainer.malloc import limit_arenas, release_free_memory
-from trainer.rollout.agent_runner import AgentPlacement, Episode, SessionSpec
+from trainer.rollout.agent_runner import AgentPlacement, AgentRunner, Episode, SessionSpec
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
 from trainer.rollout.gateways import RemoteGateways
@@ -132,8 +139,6 @@ class Trainer:
         limit_arenas(2)
         import torch
 
-        from gateway.inference.model_source import resolve_model_dir
-
         torch.manual_seed(cfg.seed)
         model_dir = self._model_dir = resolve_model_dir(cfg.model)
         admin_key = cfg.gateway.admin_key or secrets.token_urlsafe(24)
@@ -208,8 +213,6 @@ class Trainer:
         Needs no DeepSpeed: only the gateway and the agent. Writes
         `<run_dir>/eval-<checkpoint name or "base">.json` and returns the EvalResult.
         """
-        from gateway.inference.model_source import resolve_model_dir
-
         cfg = self.config
         kind, agent = self._rollout_spec(workflow)
         train_rows = load_dataset(cfg.dataset) if cfg.dataset else []
@@ -250,8 +253,6 @@ class Trainer:
                 "eval: held-out evaluation runs agents through the gateway "
                 "(`async def run(data, **extra_kwargs)`); this run has a token-level or queue agent"
             )
-        from trainer.evaluation import held_out_rows
-
         return held_out_rows(self.config.eval, rows)
 
     def _rollout_spec(self, workflow: Any) -> tuple[str, Any]:
@@ -259,12 +260,8 @@ class Trainer:
         config's `imports` (which may register agents, environments, export styles)."""
         cfg = self.config
         import_files(cfg.imports)
-        from gateway.samples import check_export_style  # every kind's samples are exported
-
         check_export_style(cfg.rollout.agent.export_style, " (rollout.agent.export_style)")
         if cfg.agent:
-            from trainer.api.registry import make_agent, make_env
-
             if workflow is not None or cfg.workflow:
                 raise WorkflowError(
                     "set either `workflow` or `agent` (a registered agent), not both"
@@ -316,8 +313,6 @@ class Trainer:
         elif not distributed.is_main():  # only rank 0 talks to the gateways
             return RemoteGateways([], admin_key)
         else:
-            from dataclasses import replace
-
             from trainer.rollout.gateway_actors import GatewayActors
 
             settings = replace(gw, model=str(model_dir), device=self.config.device)
@@ -350,9 +345,6 @@ class Trainer:
     def _start_gateway(
         self, model_dir: Path, database: Path, admin_key: str, run_dir: Path | None = None
     ) -> Any:
-        from dataclasses import replace
-
-        from gateway.inference.registry import INFERENCE_ENGINES, engine_spec
         from gateway.server import BackgroundGateway
 
         if not engine_spec(self.config.gateway.engine).trainable:
@@ -389,8 +381,6 @@ class Trainer:
             get_loss(t.loss)
             get_advantage(t.advantage)
         if t.lr_decay_steps == 0:  # the cosine spans the run's own updates
-            from dataclasses import replace
-
             t = replace(t, lr_decay_steps=self.config.total_steps * t.ppo_n_minibatches)
         policy = cls(model_dir, t, self.config.device)
         self.actor = PPOActor(policy, t) if t.step_method is None else None
@@ -539,8 +529,6 @@ class Trainer:
         cfg = self.config
         if not cfg.time_estimate or cfg.train.zero_stage == 3:
             return
-        from trainer.machine_probe import estimate, probe_seconds
-
         probe_s = probe_seconds(self.policy.module)
         est = estimate(probe_s, cfg.time_estimate)
         if est is None:
@@ -576,8 +564,6 @@ class Trainer:
     ) -> Any:
         if not rows:
             return None
-        from trainer.evaluation import Evaluator
-
         cfg = self.config
         if cfg.eval.workflow_kwargs:
             agent = make_workflow(type(agent), {**cfg.workflow_kwargs, **cfg.eval.workflow_kwargs})
@@ -591,8 +577,6 @@ class Trainer:
     ) -> Any:
         """Agent runs in `sessions`, placed as `rollout.agent` says (inline, a process
         pool, Ray tasks)."""
-        from trainer.rollout.agent_runner import AgentRunner
-
         a = self.config.rollout.agent
         ray = {"address": self.config.ray.address, "num_cpus": a.num_cpus, "resources": a.resources}
         placement = AgentPlacement(
@@ -666,8 +650,6 @@ class Trainer:
         """New weights to every engine, as `_weight_sync` says: a state dict in memory
         (an engine in this process), a push from rank 0 without disk (weight_push.py),
         or a Hugging Face folder each engine loads. Collective: every rank."""
-        from gateway.inference.base import WeightUpdate
-
         how = self._weight_sync()
         if how == "disk":
             path = Path(self.config.run_dir) / "weights" / f"v{version}"
@@ -699,8 +681,6 @@ class Trainer:
     def _weight_sync(self) -> str:
         """memory | push | disk: `gateway.weight_sync`, or with auto the engine's own way
         (its registry entry); gateways the trainer did not start always get a push."""
-        from gateway.inference.registry import engine_spec
-
         named = self.config.gateway.weight_sync
         if named == "disk":
             return "disk"
