@@ -320,19 +320,19 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
         return sse_error
 
     # ---- running the choices ---------------------------------------------------------
-    def _jobs(self, p: Prepared) -> list[tuple[Turn, int, int]]:
-        """(turn, choice index within the turn, index in the reply) of every choice."""
-        return [
+    async def _run_all(
+        self, p: Prepared, queue: Frames | None = None, cancel: asyncio.Event | None = None
+    ) -> list[Answer]:
+        """Every choice (choice `i` of turn `k` is answer `k * per_turn + i`); the first
+        error once all have ended."""
+        jobs = [
             (t, i, k * p.per_turn + i) for k, t in enumerate(p.turns) for i in range(p.per_turn)
         ]
-
-    async def _run_all(self, p: Prepared) -> list[Answer]:
-        jobs = self._jobs(p)
         if len(jobs) == 1:
-            return [await self._run_choice(p, *jobs[0])]
+            return [await self._run_choice(p, *jobs[0], queue, cancel)]
         # concurrently, so that the engine batches them
         results = await asyncio.gather(
-            *(self._run_choice(p, *job) for job in jobs), return_exceptions=True
+            *(self._run_choice(p, *job, queue, cancel) for job in jobs), return_exceptions=True
         )
         for r in results:
             if isinstance(r, BaseException):
@@ -420,19 +420,13 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
         try:
             for frame in self.stream_start(p):
                 queue.put_nowait(frame)
-            results = await asyncio.gather(
-                *(self._run_choice(p, *job, queue, cancel) for job in self._jobs(p)),
-                return_exceptions=True,
-            )
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                queue.put_nowait(as_api_error(errors[0]))
-                return
-            for frame in self.stream_end(p, results):  # type: ignore[arg-type]
+            answers = await self._run_all(p, queue, cancel)
+            for frame in self.stream_end(p, answers):
                 queue.put_nowait(frame)
         except BaseException as exc:
-            queue.put_nowait(as_api_error(exc))
-            raise
+            queue.put_nowait(as_api_error(exc))  # (which logs what is unexpected)
+            if not isinstance(exc, Exception):  # cancelled: the task is too
+                raise
         finally:
             queue.put_nowait(STREAM_END)
             admitted.release()
