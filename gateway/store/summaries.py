@@ -31,25 +31,24 @@ class SessionFilter:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-def _counts() -> Any:
-    c = CompletionRow.__table__
-    failures = func.coalesce(c.c.diagnostics["tool_parse_failures"].as_integer(), 0)
-    return (
-        select(
-            c.c.session_id,
-            func.count().label("turns"),
-            func.count(c.c.reward).label("rewarded"),
-            func.sum(c.c.reward).label("reward"),
-            func.sum(c.c.prompt_tokens).label("prompt_tokens"),
-            func.sum(c.c.completion_tokens).label("completion_tokens"),
-            func.sum(case((c.c.tokens_continue_parent == false(), 1), else_=0)).label("drifted"),
-            func.sum(case((or_(failures > 0, c.c.finish_reason == "abort"), 1), else_=0)).label(
-                "errors"
-            ),
-        )
+def with_counts(aggregates: dict[str, Any], raw: tuple[str, ...] = ()) -> tuple[Select, Any]:
+    """Every session's row with `aggregates` of its completions, by label (0 for a
+    session without completions, but those named in `raw`: None); and their subquery."""
+    s, c = SessionRow.__table__, CompletionRow.__table__
+    sub = (
+        select(c.c.session_id, *(a.label(k) for k, a in aggregates.items()))
         .group_by(c.c.session_id)
         .subquery()
     )
+    q = select(
+        s.c.id,
+        s.c.created_at,
+        s.c.expires_at,
+        s.c.ended_at,
+        s.c.metadata,
+        *(sub.c[k] if k in raw else func.coalesce(sub.c[k], 0).label(k) for k in aggregates),
+    ).outerjoin(sub, sub.c.session_id == s.c.id)
+    return q, sub
 
 
 def _meta_equals(key: str, value: str) -> Any:
@@ -67,23 +66,21 @@ def _meta_equals(key: str, value: str) -> Any:
 
 
 def summary_query(f: SessionFilter, limit: int, offset: int, now: float | None = None) -> Select:
-    s = SessionRow.__table__
-    counts = _counts()
+    s, c = SessionRow.__table__, CompletionRow.__table__
+    failures = func.coalesce(c.c.diagnostics["tool_parse_failures"].as_integer(), 0)
+    q, counts = with_counts(
+        {
+            "turns": func.count(),
+            "rewarded": func.count(c.c.reward),
+            "reward": func.sum(c.c.reward),
+            "prompt_tokens": func.sum(c.c.prompt_tokens),
+            "completion_tokens": func.sum(c.c.completion_tokens),
+            "drifted": func.sum(case((c.c.tokens_continue_parent == false(), 1), else_=0)),
+            "errors": func.sum(case((or_(failures > 0, c.c.finish_reason == "abort"), 1), else_=0)),
+        },
+        raw=("reward",),
+    )
     now = time.time() if now is None else now
-    q = select(
-        s.c.id,
-        s.c.created_at,
-        s.c.expires_at,
-        s.c.ended_at,
-        s.c.metadata,
-        func.coalesce(counts.c.turns, 0).label("turns"),
-        func.coalesce(counts.c.rewarded, 0).label("rewarded"),
-        counts.c.reward,
-        func.coalesce(counts.c.prompt_tokens, 0).label("prompt_tokens"),
-        func.coalesce(counts.c.completion_tokens, 0).label("completion_tokens"),
-        func.coalesce(counts.c.drifted, 0).label("drifted"),
-        func.coalesce(counts.c.errors, 0).label("errors"),
-    ).outerjoin(counts, counts.c.session_id == s.c.id)
     where = []
     if f.status == "ended":
         where.append(s.c.ended_at.is_not(None))
