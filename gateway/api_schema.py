@@ -15,6 +15,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
+from gateway.errors import registered_shape
+
 _DESCRIPTIONS = {
     400: "The request is malformed or names something invalid.",
     401: "No key, or one that is malformed, unknown or expired (one answer for all).",
@@ -62,17 +64,10 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-# routes whose errors have another API's shape (Anthropic's under /v1/messages), by prefix
-_ERROR_MODELS: dict[str, type[BaseModel]] = {}
-
-
-def register_error_model(prefix: str, model: type[BaseModel]) -> None:
-    """Declare the error shape of the routes under `prefix` (see errors.register_error_shape)."""
-    _ERROR_MODELS[prefix] = model
-
-
 def error_model(path: str) -> type[BaseModel]:
-    return next((m for p, m in _ERROR_MODELS.items() if path.startswith(p)), ErrorResponse)
+    """OpenAI's shape, or the one registered for `path` (errors.register_error_shape)."""
+    registered = registered_shape(path)
+    return registered[2] if registered is not None else ErrorResponse
 
 
 def errors(*statuses: int, path: str = "") -> dict[int | str, dict[str, Any]]:

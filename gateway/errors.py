@@ -111,9 +111,8 @@ def error_body(
 
 def error_response(exc: APIError, path: str = "") -> JSONResponse:
     """The error as the API at `path` answers it (OpenAI's shape unless registered)."""
-    for prefix, shape in _SHAPES:
-        if path == prefix or path.startswith(prefix + "/"):
-            return shape(exc)
+    if (registered := registered_shape(path)) is not None:
+        return registered[1](exc)
     headers = {**exc.headers, "x-should-retry": "true" if exc.retryable else "false"}
     return JSONResponse(
         error_body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=headers
@@ -121,12 +120,17 @@ def error_response(exc: APIError, path: str = "") -> JSONResponse:
 
 
 ErrorShape = Callable[[APIError], JSONResponse]
-_SHAPES: list[tuple[str, ErrorShape]] = []
+_SHAPES: list[tuple[str, ErrorShape, type]] = []  # (path prefix, shape, its pydantic model)
 
 
-def register_error_shape(prefix: str, shape: ErrorShape) -> None:
-    """Answer errors on the routes under `prefix` (e.g. "/v1/messages") with `shape`."""
-    _SHAPES[:] = [(p, s) for p, s in _SHAPES if p != prefix] + [(prefix, shape)]
+def register_error_shape(prefix: str, shape: ErrorShape, model: type) -> None:
+    """Answer errors on the routes under `prefix` (e.g. "/v1/messages") with `shape`,
+    declared in /openapi.json as `model` (gateway/api_schema.py)."""
+    _SHAPES[:] = [s for s in _SHAPES if s[0] != prefix] + [(prefix, shape, model)]
+
+
+def registered_shape(path: str) -> tuple[str, ErrorShape, type] | None:
+    return next((s for s in _SHAPES if path == s[0] or path.startswith(s[0] + "/")), None)
 
 
 async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

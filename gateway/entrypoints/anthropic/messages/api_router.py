@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel
 
-from gateway.api_schema import errors, register_error_model
+from gateway.api_schema import errors
 from gateway.entrypoints.anthropic.errors import (
     OVERLOADED,
     PREFIX,
@@ -20,8 +20,7 @@ from gateway.entrypoints.openai.route import RouteDoc, body_schema, openai_route
 from gateway.entrypoints.tool_names import check_tool_names
 from gateway.errors import register_error_shape
 
-register_error_shape(PREFIX, anthropic_error_response)
-register_error_model(PREFIX, AnthropicErrorResponse)
+register_error_shape(PREFIX, anthropic_error_response, AnthropicErrorResponse)
 
 
 class CountTokens(BaseModel):
