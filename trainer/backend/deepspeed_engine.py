@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from gateway.inference.model_source import load_causal_lm
 from trainer.api.config import TrainConfig
@@ -31,7 +32,6 @@ MicroBatch = dict[str, torch.Tensor]
 def init_distributed(device: str) -> None:
     """Single-process runs get a one-rank world; launched runs keep the launcher's env."""
     import deepspeed
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return
@@ -215,8 +215,6 @@ class DeepSpeedEngine(TrainEngine):
         """Per key, the sum over ranks (a rank that only padded has no stats keys)."""
         if self.world == 1:
             return values
-        import torch.distributed as dist
-
         gathered: list[dict[str, float]] = [{} for _ in range(self.world)]
         dist.all_gather_object(gathered, values)
         keys = sorted({k for g in gathered for k in g})

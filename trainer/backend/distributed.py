@@ -11,20 +11,18 @@ from __future__ import annotations
 import os
 from typing import Any, TypeVar
 
+import torch.distributed as dist
+
 T = TypeVar("T")
 
 
 def rank() -> int:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     return int(os.environ.get("RANK", "0"))
 
 
 def world_size() -> int:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_world_size())
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -38,8 +36,6 @@ def broadcast_object(obj: Any = None) -> Any:
     """Rank 0's `obj` on every rank (pickled over the process group)."""
     if world_size() == 1:
         return obj
-    import torch.distributed as dist
-
     box = [obj if is_main() else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -47,8 +43,6 @@ def broadcast_object(obj: Any = None) -> Any:
 
 def barrier() -> None:
     if world_size() > 1:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
