@@ -7,6 +7,7 @@ import logging
 import sys
 
 from gateway import cli as gateway_cli
+from trainer.api.config import ConfigError, load_config
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -15,7 +16,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(as_text())
         return 0
-    from trainer.api.config import ConfigError, load_config
     from trainer.trainer import Trainer
 
     logging.basicConfig(
@@ -77,7 +77,6 @@ def _eval_line(e: dict) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from trainer.api.config import ConfigError, load_config
     from trainer.trainer import Trainer
 
     logging.basicConfig(level=logging.WARNING)
