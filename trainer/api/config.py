@@ -318,12 +318,9 @@ class TrainerConfig:
         {}, "the queue-based agent's registered environment: {name: ..., args: {...}}"
     )
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def without_secrets(self) -> dict[str, Any]:
         """The configuration as the run folder and the trackers keep it: no admin or signing key."""
-        config = self.to_dict()
+        config = dataclasses.asdict(self)
         return {**config, "gateway": {**config["gateway"], "admin_key": None, "signing_keys": None}}
 
     def tracker_backends(self) -> list[str]:
