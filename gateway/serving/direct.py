@@ -18,29 +18,18 @@ import asyncio
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
 from typing import Any
 
 from gateway.auth import hash_key
 from gateway.inference.base import GenerationResult, SamplingParams
 from gateway.samples import Sample, export_session
-from gateway.serving.turn import ChoiceOutput, Parent, Turn, completion_record
+from gateway.serving.turn import ChoiceOutput, Parent, Prompt, Turn, completion_record
 from gateway.store.delta import continued_length
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
 ENDPOINT = "direct"  # the `endpoint` column of these rows
-
-
-@dataclass(slots=True)
-class _Generation:
-    """A recorded generation of an open session: what a later one's parent is found by."""
-
-    id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    request: dict[str, Any]
-    children: int = 0
 
 
 class DirectRecorder:
@@ -51,7 +40,8 @@ class DirectRecorder:
         self.recorder = recorder
         self.model = model
         self.session_ttl_s = session_ttl_s
-        self._open: dict[str, list[_Generation]] = {}  # by session, until it ends
+        self._open: dict[str, list[Parent]] = {}  # its generations, by session until it ends
+        self._children: Counter[str] = Counter()  # generation id -> children so far
 
     async def open_session(self, meta: dict[str, Any]) -> str:
         """A session with no usable key: it is written to, never called over HTTP."""
@@ -63,7 +53,7 @@ class DirectRecorder:
         self._open[session_id] = []
         return session_id
 
-    def _parent(self, session_id: str, prompt_ids: list[int]) -> _Generation | None:
+    def _parent(self, session_id: str, prompt_ids: list[int]) -> Parent | None:
         """The generation whose prompt + output this prompt continues: the longest; among
         equals (n samples that answered alike) the one with fewest children so far, so
         that each trajectory's next turn hangs under a twin of its own."""
@@ -74,7 +64,7 @@ class DirectRecorder:
                 continue
             if continued_length(g.prompt_ids, g.output_ids, prompt_ids) != n:
                 continue
-            key = (n, -g.children)
+            key = (n, -self._children[g.id])
             if best_key is None or key > best_key:
                 best, best_key = g, key
         return best
@@ -100,21 +90,18 @@ class DirectRecorder:
         }
         parent = self._parent(session_id, prompt_ids)
         if parent is not None:
-            parent.children += 1  # before any await: a concurrent twin picks another
+            self._children[parent.id] += 1  # before any await: a concurrent twin picks another
+        prompt = Prompt(prompt_ids, "prompt_ids", parent=parent, continues=True if parent else None)
         turn = Turn(
             session_id=session_id,
             endpoint=ENDPOINT,
             model=self.model,
             request=request,
-            prompt_ids=prompt_ids,
+            prompt=prompt,
             params=params,
             stops=[],
-            parent=None
-            if parent is None
-            else Parent(parent.id, parent.prompt_ids, parent.output_ids, parent.request),
             ids=[completion_id],
             started=time.perf_counter() - total_s,
-            continues_parent=True if parent is not None else None,
         )
         out = ChoiceOutput(
             index=0,
@@ -133,7 +120,7 @@ class DirectRecorder:
         await self.recorder.record(record)  # queued: a cancelled caller loses nothing
         if session_id in self._open:
             self._open[session_id].append(
-                _Generation(completion_id, list(prompt_ids), out.output_ids, request)
+                Parent(completion_id, list(prompt_ids), out.output_ids, request)
             )
         return completion_id
 
@@ -157,5 +144,6 @@ class DirectRecorder:
         return export_session(session_id, completions, style, turn_discount)
 
     async def end_session(self, session_id: str) -> None:
-        self._open.pop(session_id, None)
+        for generation in self._open.pop(session_id, []):
+            self._children.pop(generation.id, None)
         await asyncio.to_thread(self.repo.end_session, session_id)

@@ -32,10 +32,10 @@ from gateway.chat.output_parser import OutputParser
 from gateway.config import GatewayConfig
 from gateway.errors import APIError, as_api_error
 from gateway.serving.generate import Generator, Sampling
-from gateway.serving.prompt import Prompt, Prompts
+from gateway.serving.prompt import Prompts
 from gateway.serving.quotas import Admission, Admitted
 from gateway.serving.record import Records, RetryIdentity, Tracked
-from gateway.serving.turn import Answer, ChoiceOutput, TextDelta, Turn, recorded_request
+from gateway.serving.turn import Answer, ChoiceOutput, Prompt, TextDelta, Turn, recorded_request
 from gateway.signing import Signer
 from gateway.sse import sse_error, sse_response
 from gateway.store.repository import SessionInfo
@@ -258,12 +258,8 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
         else:
             request = recorded_request(req, self.history_field)
         return Turn(
-            session.id, self.endpoint, req.model, request, prompt.ids, params,
-            sampling.stops or [], prompt.parent, ids, prompt_text=prompt.text,
-            rendered=prompt.rendered, conversation=prompt.conversation,
-            continues_parent=prompt.continues, drift=prompt.drift, history=prompt.history,
-            history_fallback=prompt.fallback,
-        )  # fmt: skip
+            session.id, self.endpoint, req.model, request, prompt, params, sampling.stops or [], ids
+        )
 
     # ---- what each endpoint fills in -------------------------------------------------
     def validate(self, req: Req) -> None:  # noqa: B027 - optional step

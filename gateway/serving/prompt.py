@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gateway.chat.drift import drift
@@ -27,32 +27,13 @@ from gateway.config import HISTORY_MODES, GatewayConfig
 from gateway.errors import APIError
 from gateway.lru import LRU
 from gateway.metrics import Metrics
-from gateway.serving.turn import ChoiceOutput, Link, Parent, Turn
+from gateway.serving.turn import ChoiceOutput, Link, Parent, Prompt, Turn
 from gateway.store.delta import continued_length
 from gateway.store.repository import Repository, SessionInfo
 
 Messages = list[dict[str, Any]]
 Tools = list[dict[str, Any]] | None
 _session = operator.itemgetter(0)  # the session id of a (session id, ...) cache key
-
-
-@dataclass(slots=True)
-class Prompt:
-    """A request's prompt as the engine gets it and the record keeps it."""
-
-    ids: list[int]
-    param: str  # the request field it was built from (its errors name it)
-    text: str | None = None  # the rendered text, or its end (a windowed render)
-    rendered: Rendered | None = None
-    parent: Parent | None = None
-    conversation: ConversationHash | None = None
-    # does it start with exactly the parent's prompt + output tokens (None: no parent);
-    # where it leaves them, and why
-    continues: bool | None = None
-    drift: dict[str, Any] | None = None
-    # `token_exact` sessions: what built it, and why it could not be token_exact
-    history: str | None = None
-    fallback: str | None = None
 
 
 class Prompts:
@@ -152,10 +133,11 @@ class Prompts:
         """Keep a recorded answer for its child: its tokens, its text prefix and its hash
         state."""
         prefix = None
-        if turn.rendered is not None and turn.history != "token_exact":
+        prompt = turn.prompt
+        if prompt.rendered is not None and prompt.history != "token_exact":
             # (a token_exact prompt's text is only its new messages': no prefix to give)
-            prefix = self.renderer.text_prefix(turn.rendered, out.output_ids)
-        resume = turn.conversation.resume_point(answer_hash) if turn.conversation else None
+            prefix = self.renderer.text_prefix(prompt.rendered, out.output_ids)
+        resume = prompt.conversation.resume_point(answer_hash) if prompt.conversation else None
         output_ids = self.renderer.interned(out.output_ids)  # (see ChatRenderer.interned)
         parent = Parent(
             out.completion_id, turn.prompt_ids, output_ids, turn.request, prefix, resume

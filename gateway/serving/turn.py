@@ -81,6 +81,26 @@ def choice_ids(prefix: str, n: int) -> list[str]:
 
 
 @dataclass(slots=True)
+class Prompt:
+    """A request's prompt as the engine gets it and the record keeps it (stage 1's result,
+    serving/prompt.py)."""
+
+    ids: list[int]
+    param: str  # the request field it was built from (its errors name it)
+    text: str | None = None  # the rendered chat prompt's text, or its end (a windowed render)
+    rendered: Rendered | None = None  # the chat prompt's render (the child's TextPrefix)
+    parent: Parent | None = None
+    conversation: ConversationHash | None = None  # the messages' hash, for the child's
+    # does it start with exactly the parent's prompt + output tokens (None: no parent);
+    # where it leaves them, and why
+    continues: bool | None = None
+    drift: dict[str, Any] | None = None
+    # `token_exact` sessions: what built it, and why it could not be token_exact
+    history: str | None = None
+    fallback: str | None = None
+
+
+@dataclass(slots=True)
 class Turn:
     """One request, as the engine and the store see it."""
 
@@ -88,35 +108,29 @@ class Turn:
     endpoint: str
     model: str
     request: dict[str, Any]  # what the client asked for, as recorded
-    prompt_ids: list[int]
+    prompt: Prompt
     params: SamplingParams
     stops: list[str]
-    parent: Parent | None
     ids: list[str]  # completion id of each choice
     request_hash: str | None = None
     started: float = field(default_factory=time.perf_counter)
-    # the rendered chat prompt's text, or its end (a windowed render: see Rendered.text);
-    # None: raw ids or text
-    prompt_text: str | None = None
-    rendered: Rendered | None = None  # the chat prompt's render (the child's TextPrefix)
-    conversation: ConversationHash | None = None  # the messages' hash, for the child's
-    # does the prompt start with exactly the parent's prompt + output tokens (None: no
-    # parent); where it leaves them, and why
-    continues_parent: bool | None = None
-    drift: dict[str, Any] | None = None
-    # what built the prompt (template | token_exact), recorded when the session asked for
-    # token_exact; and why it could not be token_exact, when it was not
-    history: str | None = None
-    history_fallback: str | None = None
     # a client's side request (a title for its UI, a small model's chore): recorded,
     # left out of training exports by default
     side_request: bool = False
 
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.ids
+
+    @property
+    def parent(self) -> Parent | None:
+        return self.prompt.parent
+
     def answer_hash(self, message: dict[str, Any]) -> str:
         """The hash a later turn that continues the answer `message` finds it by."""
-        if self.conversation is None:
+        if self.prompt.conversation is None:
             raise ValueError("a turn made without messages has no conversation hash")
-        return self.conversation.with_answer(message)
+        return self.prompt.conversation.with_answer(message)
 
     def force_sampling(self, forced: dict[str, Any]) -> None:
         """The session's own sampling settings win over the request's; the record says
@@ -173,10 +187,10 @@ def completion_record(
     """The one place a completion's record is built, for HTTP and direct generations."""
     parent = turn.parent
     found = {
-        "drift": turn.drift,
+        "drift": turn.prompt.drift,
         "tool_parse_failures": tool_parse_failures,
-        "history": turn.history,
-        "history_fallback": turn.history_fallback,
+        "history": turn.prompt.history,
+        "history_fallback": turn.prompt.fallback,
     }
     diagnostics = {k: v for k, v in found.items() if v}
     return CompletionRecord(
@@ -193,7 +207,7 @@ def completion_record(
         finish_reason=finish_reason,
         prefix_hash=prefix_hash,
         parent_id=parent.id if parent else None,
-        tokens_continue_parent=turn.continues_parent,
+        tokens_continue_parent=turn.prompt.continues,
         request_hash=turn.request_hash,
         choice_index=out.index,
         side_request=turn.side_request,

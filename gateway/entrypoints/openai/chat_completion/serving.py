@@ -78,7 +78,7 @@ class ChatCompletionServing(ServingEndpoint[ChatCompletionRequest]):
         return p
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        parser = self.generator.output_parser(turn.prompt_text, p.req.may_call_tools())
+        parser = self.generator.output_parser(turn.prompt.text, p.req.may_call_tools())
         return ChatChoice(index, p, parser)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:

@@ -22,10 +22,10 @@ from gateway.entrypoints.openai.completion.protocol import (
 from gateway.errors import APIError
 from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages
 from gateway.serving.generate import Sampling
-from gateway.serving.prompt import Prompt
 from gateway.serving.turn import (
     Answer,
     ChoiceOutput,
+    Prompt,
     TextDelta,
     Turn,
     choice_ids,
