@@ -7,10 +7,7 @@ never stalls an agent's HTTP request, and agents still reach it over real HTTP.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import ipaddress
-import os
 import socket
 import threading
 import time
@@ -22,10 +19,10 @@ import uvicorn
 from gateway.app import create_app
 from gateway.config import GatewayConfig, reachable_host
 from gateway.inference.base import InferenceEngine
+from gateway.malloc import limit_arenas
 from gateway.state import GatewayState
 
 T = TypeVar("T")
-M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
 def is_loopback(host: str) -> bool:
@@ -120,21 +117,9 @@ class BackgroundGateway:
         self.stop()
 
 
-def limit_malloc_arenas(count: int = 2) -> None:
-    """glibc gives each thread that allocates an arena of its own (the recorder's, the
-    thread pool's), each keeping what it freed: held to 2, a gateway behind an external
-    engine holds ~5 MB less after 20,000 sessions (docs/benchmarks.md, rss), as the
-    trainer's process is held (trainer/malloc.py). `MALLOC_ARENA_MAX`, where set, wins;
-    a no-op where glibc is not the allocator."""
-    name = ctypes.util.find_library("c")
-    mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
-    if mallopt is not None and "MALLOC_ARENA_MAX" not in os.environ:
-        mallopt(M_ARENA_MAX, count)
-
-
 def serve_forever(config: GatewayConfig, engine: InferenceEngine | None = None) -> None:
     """`turnstile serve`: the gateway as a process of its own."""
-    limit_malloc_arenas()  # before the threads that would make arenas start
+    limit_arenas()  # before the threads that would make arenas start
     check_bind_allowed(config)
     app = create_app(config, engine)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=False)

@@ -15,8 +15,8 @@ import pytest
 PROBE = """
 import ctypes, ctypes.util, sys, tempfile, threading
 if sys.argv[1] == "limited":
-    from gateway.server import limit_malloc_arenas
-    limit_malloc_arenas()
+    from gateway.malloc import limit_arenas
+    limit_arenas()
 held, barrier = [], threading.Barrier(6)
 def work():
     barrier.wait()
@@ -46,7 +46,7 @@ def _heaps(mode: str) -> int:
 
 @pytest.mark.skipif(
     not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_info"),
-    reason="glibc only: elsewhere limit_malloc_arenas is a no-op",
+    reason="glibc only: elsewhere limit_arenas is a no-op",
 )
 def test_serve_holds_malloc_to_two_arenas() -> None:
     assert _heaps("unlimited") > 2  # the probe does make arenas

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from gateway.inference.base import WeightUpdate
 from gateway.inference.model_source import resolve_model_dir
 from gateway.inference.registry import INFERENCE_ENGINES, engine_spec
+from gateway.malloc import limit_arenas, release_free_memory
 from gateway.samples import check_export_style
 from trainer.algorithm.actor import PPOActor, to_sequences
 from trainer.algorithm.advantages import get_advantage
@@ -46,7 +47,6 @@ from trainer.evaluation import Evaluator, held_out_rows
 from trainer.health import CollapseWatch, answer_signals
 from trainer.loading import WorkflowError, import_files, load_class, make_workflow
 from trainer.machine_probe import estimate, probe_seconds
-from trainer.malloc import limit_arenas, release_free_memory
 from trainer.rollout.agent_runner import AgentPlacement, AgentRunner, Episode, SessionSpec
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder

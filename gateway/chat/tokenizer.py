@@ -8,14 +8,14 @@ with the same results (tests/test_model_tokenizer.py).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
+
+from gateway.malloc import release_free_memory
 
 # transformers' named special tokens, in its order (SPECIAL_TOKENS_ATTRIBUTES)
 SPECIAL_NAMES = (
@@ -172,16 +172,6 @@ def _clean_up_tokenization(text: str) -> str:
     return text
 
 
-def _return_freed_memory() -> None:
-    """Reading tokenizer.json frees its JSON text and parse tree (~14 MB for SmolLM2's),
-    which glibc keeps in the process unless asked to give it back: a tenth of the
-    gateway's RSS. No-op where glibc is not the allocator."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is not None:
-        trim(0)
-
-
 def load_tokenizer(model_dir: str | Path) -> ModelTokenizer:
     """The tokenizer the gateway serves with, read from a model folder without
     transformers (`model_source.load_tokenizer` gives transformers' own)."""
@@ -190,5 +180,5 @@ def load_tokenizer(model_dir: str | Path) -> ModelTokenizer:
             f"{model_dir} has no tokenizer.json: the gateway reads a fast tokenizer's files"
         )
     tokenizer = ModelTokenizer(model_dir)
-    _return_freed_memory()
+    release_free_memory()  # tokenizer.json's text and parse tree (~14 MB), a tenth of the RSS
     return tokenizer
