@@ -235,16 +235,17 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
                 turn.force_sampling(session.sampling)
         admitted = self.admission.admit(session, p.turns, p.per_turn)
         tracked = self.records.track(session.id, retry.body_hash)
+        held = True  # released here, unless a stream's producer takes them over
         try:
-            await tracked.publish()
-        except BaseException:  # (the store is down: a 503)
-            admitted.release()
-            tracked.done()
-            raise
-        if p.stream:
-            return await self._stream(p, admitted, tracked)
-        with admitted, tracked:
+            await tracked.publish()  # (the store is down: a 503)
+            if p.stream:
+                held = False
+                return await self._stream(p, admitted, tracked)
             answers = await self._run_all(p)
+        finally:
+            if held:
+                admitted.release()
+                tracked.done()
         return self.response(p, answers)
 
     def turn(

@@ -108,12 +108,6 @@ class Admitted:
                 if self._gate.inflight[self._session_id] <= 0:
                     del self._gate.inflight[self._session_id]
 
-    def __enter__(self) -> Admitted:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.release()
-
 
 _WHAT = {
     "max_requests": "requests",

@@ -151,9 +151,3 @@ class Tracked:
         if self._mark is not None:  # after the records: a waiting retry then finds them
             marks = self._records.marks
             self._records.spawn(run_in_threadpool(marks.clear, self._mark))
-
-    def __enter__(self) -> Tracked:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.done()

@@ -1,4 +1,5 @@
-"""Request fields the OpenAI generating endpoints share: model, sampling, streaming.
+"""Request fields the OpenAI generating endpoints share: model, sampling, streaming; and
+the `usage` of chat and text completions.
 
 Unknown fields (`store`, `metadata`, `user`, ...) are accepted and ignored, as real agent
 frameworks send plenty of them.
@@ -33,3 +34,12 @@ class ChoicesRequest(OpenAIRequest):
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """A chat or text completion's `usage`."""
+    return {
+        "completion_tokens": completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from gateway.chat.events import ContentEvent, Event, ReasoningEvent
-from gateway.entrypoints.openai.protocol import ChoicesRequest
+from gateway.entrypoints.openai.protocol import ChoicesRequest, usage
 from gateway.inference.base import TopLogprobs
 from gateway.serving.turn import Answer, TextDelta
 from gateway.sse import SSE_DONE, sse_event
@@ -208,11 +208,3 @@ class ChunkWriter:
         if self.include_usage:
             chunk["usage"] = tokens
         return sse_event(chunk)
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "completion_tokens": completion_tokens,
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }

@@ -1,4 +1,5 @@
-"""`POST /v1/completions` shapes: the request body, `Completion` and its stream chunks."""
+"""`POST /v1/completions` shapes: the request body, `Completion` and its stream chunks
+(plain dicts in the `openai` package's shapes, as chat's are)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ import time
 from itertools import accumulate
 from typing import Any
 
-from openai.types import Completion, CompletionChoice
-from openai.types.completion_choice import Logprobs
-from openai.types.completion_usage import CompletionUsage
 from pydantic import Field, field_validator
 
 from gateway.entrypoints.openai.protocol import ChoicesRequest
@@ -51,7 +49,7 @@ class CompletionShapes:
 
     def logprobs(
         self, req: CompletionRequest, ids: list[int], lps: list[float], top: Any
-    ) -> Logprobs | None:
+    ) -> dict[str, Any] | None:
         if req.logprobs is None:
             return None
         tokens = [self.tokenizer.decode([t]) for t in ids]
@@ -59,30 +57,27 @@ class CompletionShapes:
         top_lp = None
         if req.logprobs and top is not None:
             top_lp = [{self.tokenizer.decode([tid]): lp for tid, lp in alts} for alts in top]
-        return Logprobs.model_construct(
-            tokens=tokens, token_logprobs=list(lps), top_logprobs=top_lp, text_offset=offsets
-        )
+        return {
+            "tokens": tokens,
+            "token_logprobs": list(lps),
+            "top_logprobs": top_lp,
+            "text_offset": offsets,
+        }
 
 
-def choice(index: int, text: str, finish: str | None, lp: Logprobs | None = None) -> Any:
+def choice(index: int, text: str, finish: str | None, lp: Any = None) -> dict[str, Any]:
     """A choice (an aborted one as `stop`: the API knows no other)."""
     finish = "stop" if finish == "abort" else finish
-    return CompletionChoice.model_construct(
-        index=index, text=text, finish_reason=finish, logprobs=lp
-    )
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": lp}
 
 
 def body(req: CompletionRequest, cid: str, **fields: Any) -> dict[str, Any]:
-    """A `Completion` (whole, or one chunk of a stream: `sse_event` it) as JSON data."""
-    completion = Completion.model_construct(
-        id=cid, object="text_completion", created=int(time.time()), model=req.model, **fields
-    )
-    return completion.model_dump(mode="json", exclude_unset=True)
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
-    return CompletionUsage.model_construct(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-    )
+    """A `Completion` (whole, or one chunk of a stream: `sse_event` it)."""
+    created = int(time.time())
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": req.model,
+        **fields,
+    }

@@ -17,8 +17,8 @@ from gateway.entrypoints.openai.completion.protocol import (
     CompletionShapes,
     body,
     choice,
-    usage,
 )
+from gateway.entrypoints.openai.protocol import usage
 from gateway.errors import APIError
 from gateway.serving.endpoint import Choice, Prepared, ServingEndpoint, Stages
 from gateway.serving.generate import Sampling
