@@ -127,29 +127,26 @@ class KeyRing:
         if hit is not None and now - hit[0] < self.max_age_s:
             return hit[1]
         info = await asyncio.to_thread(self.repo.session_by_key_hash, hash_key(key))
-        return self._put(key, info, now) if info is not None else None
+        return self.remember(key, info, now) if info is not None else None
 
     async def poll_ended(self) -> None:
-        """Every `end_poll_s`, forget the sessions that ended lately (until cancelled)."""
+        """Every `end_poll_s` (until cancelled), forget the sessions the store says ended
+        since the last poll (on any replica; their end time is that replica's clock, hence
+        the overlap of `CLOCK_SKEW_S`)."""
         while True:
             await asyncio.sleep(self.end_poll_s)
+            wall = time.time()
             try:
-                await self._forget_ended()
+                ended = await asyncio.to_thread(self.repo.sessions_ended_since, self._ended_since)
+                for session_id in ended:
+                    self.forget(session_id)
+            except SQLAlchemyError:
+                log.warning("could not reach the store for ended sessions; polling again soon")
+                continue
             except Exception:  # the poll must outlive any one failure
-                log.exception("polling the store for ended sessions failed")
-
-    async def _forget_ended(self) -> None:
-        """Forget the sessions the store says ended since the last poll (on any replica;
-        their end time is that replica's clock, hence the overlap of `CLOCK_SKEW_S`)."""
-        wall = time.time()
-        try:
-            ended = await asyncio.to_thread(self.repo.sessions_ended_since, self._ended_since)
-        except SQLAlchemyError:
-            log.warning("could not reach the store for ended sessions; polling again soon")
-            return
-        for session_id in ended:
-            self.forget(session_id)
-        self._ended_since = wall - CLOCK_SKEW_S
+                log.exception("forgetting the sessions that ended failed")
+                continue
+            self._ended_since = wall - CLOCK_SKEW_S
 
     def forget(self, session_id: str) -> None:
         """The session ended: its key and everything kept for its next turns go."""
@@ -159,16 +156,14 @@ class KeyRing:
         for drop in self.on_end:
             drop(session_id)
 
-    def remember(self, key: str, info: SessionInfo) -> None:
-        self._put(key, info, time.monotonic())
-
-    def _put(self, key: str, info: SessionInfo, now: float) -> SessionInfo:
-        """Keep `info` for `key`; returns the kept copy, frozen: every request of the
-        session is handed the same one, so none can change what the next one sees."""
+    def remember(self, key: str, info: SessionInfo, now: float | None = None) -> SessionInfo:
+        """Keep `info` for `key` (read at `now`); returns the kept copy, frozen: every
+        request of the session is handed the same one, so none can change what the next
+        one sees."""
         info = replace(
             info, meta=freeze(info.meta), sampling=freeze(info.sampling), quotas=freeze(info.quotas)
         )
-        self._cache.put(key, (now, info))
+        self._cache.put(key, (time.monotonic() if now is None else now, info))
         self._keys.put(info.id, key)
         return info
 
