@@ -10,8 +10,8 @@ A request goes through three stages, each calling only forward:
 Between 1 and 2 the request is admitted (serving/quotas.py). An endpoint (chat
 completions, completions, responses, messages, ...) fills in only its own steps:
 `validate`, `prepare` (its request into turns, through stage 1), `new_choice` (parsing
-and per-delta frames), `finish`, `response`, `replay_frames`, and the frames that open and
-close its stream.
+and per-delta frames; a one-choice endpoint's is made in `prepare`), `finish`, `response`,
+`replay_frames`, and the frames that open and close its stream.
 
 Every choice is recorded before its client sees its end: a 200 (or a streamed finish)
 means the tokens, logprobs and policy version behind it are on disk.
@@ -68,6 +68,7 @@ class Prepared(Generic[Req]):
     per_turn: int = 1
     stream: bool = False
     context: dict[str, Any] = field(default_factory=dict)  # the endpoint's own
+    choice: Choice | None = None  # a one-choice endpoint's, made with its turn
 
 
 class Choice:
@@ -266,15 +267,17 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
     def validate(self, req: Req) -> None:  # noqa: B027 - optional step
         """Errors for well-formed requests that cannot be served (before any work)."""
 
-    @abc.abstractmethod
-    def num_choices(self, req: Req) -> int: ...
+    def num_choices(self, req: Req) -> int:
+        return 1
 
     @abc.abstractmethod
     async def prepare(self, req: Req, session: SessionInfo) -> Prepared:
         """The request's turns: prompt(s) from stage 1 (`self.prompts`), then `turn`."""
 
-    @abc.abstractmethod
-    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice: ...
+    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
+        """Choice `index` of `turn` (by default, the one `prepare` made)."""
+        assert p.choice is not None
+        return p.choice
 
     @abc.abstractmethod
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:

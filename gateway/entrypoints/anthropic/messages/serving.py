@@ -72,9 +72,6 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
     def validate(self, req: MessagesRequest) -> None:
         check_tool_choice(p_.chat_tool_choice(req.tool_choice), p_.chat_tools(req.tools))
 
-    def num_choices(self, req: MessagesRequest) -> int:
-        return 1
-
     async def chat_of(
         self, req: CountTokensRequest, session_id: str
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, Any]:
@@ -108,7 +105,7 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
         start = p_.message(turn.ids[0], req.model, [], None, None, p_.usage(len(prompt.ids), 0))
         parser = self.generator.output_parser(prompt.text, bool(tools) and tool_choice != "none")
         choice = MessageChoice(start, self._signer(session.id), parser, emit=req.stream)
-        return Prepared(req, [turn], stream=req.stream, context={"choice": choice})
+        return Prepared(req, [turn], stream=req.stream, choice=choice)
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any) -> int:
         """The prompt's length, rendered as a Messages request with them would be."""
@@ -151,9 +148,6 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
                 return False
             self._main_model.put(session_id, main)
         return req.model != main
-
-    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return p.context["choice"]
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, MessageChoice)

@@ -48,9 +48,6 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
     def validate(self, req: ResponsesRequest) -> None:
         check_tool_choice(req.tool_choice, chat_tools(req.tools))
 
-    def num_choices(self, req: ResponsesRequest) -> int:
-        return 1
-
     async def prepare(self, req: ResponsesRequest, session: SessionInfo) -> Prepared:
         tools = chat_tools(req.tools)
         items = input_items(req.input)
@@ -67,7 +64,7 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
             prompt.text, bool(tools) and req.tool_choice != "none"
         )
         choice = ResponseChoice(shape.response("in_progress", []), parser, emit=req.stream)
-        return Prepared(req, [turn], stream=req.stream, context={"shape": shape, "choice": choice})
+        return Prepared(req, [turn], stream=req.stream, context={"shape": shape}, choice=choice)
 
     async def _previous_items(self, session_id: str, response_id: str) -> list[dict[str, Any]]:
         """The input and output items of an earlier response of this same session."""
@@ -84,9 +81,6 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         previous = request.get("resolved_input") or input_items(request.get("input") or [])
         return [*previous, *(response.get("output") or [])]
 
-    def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return p.context["choice"]
-
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         assert isinstance(choice, ResponseChoice)
         message = choice.message(out)
@@ -101,7 +95,7 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         return answers[0].response
 
     def error_frame(self, p: Prepared) -> Any:
-        return p.context["choice"].error
+        return p.choice.error  # type: ignore[union-attr] - (a ResponseChoice)
 
     def replay_frames(self, req: ResponsesRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         response = rows[0]["response"]
