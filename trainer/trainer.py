@@ -37,11 +37,12 @@ from gateway.samples import check_export_style
 from trainer.algorithm.actor import PPOActor, to_sequences
 from trainer.algorithm.advantages import get_advantage
 from trainer.algorithm.losses import get_loss
-from trainer.api.config import TrainerConfig, load_config
+from trainer.api.config import TrainerConfig, _build, load_config
 from trainer.api.registry import make_agent, make_env
 from trainer.backend import distributed
 from trainer.backend.batches import pad_sequences
 from trainer.backend.deepspeed_engine import DeepSpeedEngine
+from trainer.backend.weight_push import WeightPush, load_folder
 from trainer.datasets import load_dataset
 from trainer.evaluation import Evaluator, held_out_rows
 from trainer.health import CollapseWatch, answer_signals
@@ -50,7 +51,11 @@ from trainer.machine_probe import estimate, probe_seconds
 from trainer.rollout.agent_runner import AgentPlacement, AgentRunner, Episode, SessionSpec
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
+from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.gateway_admin import GatewayAdmin
 from trainer.rollout.gateways import RemoteGateways
+from trainer.rollout.queue_agents import QueueAgentRunner
+from trainer.rollout.workflow import TokenWorkflowRunner
 from trainer.run_log import RunLog, mean
 from trainer.trackers import make_trackers
 
@@ -93,8 +98,6 @@ class Trainer:
         if isinstance(config, (str, Path)):
             config = load_config(config)
         elif isinstance(config, dict):
-            from trainer.api.config import _build
-
             config = _build(TrainerConfig, config, "")
         self.config: TrainerConfig = config or TrainerConfig()
         self.gateway: Any = None  # gateway.server.BackgroundGateway on rank 0
@@ -328,8 +331,6 @@ class Trainer:
     def _gateway_admins(self, admin_key: str, http: httpx.AsyncClient) -> list[tuple[Any, str]]:
         """(admin client, base URL) of each gateway the agents use: the trainer's own, or
         every one of `gateway.urls`."""
-        from trainer.rollout.gateway_admin import GatewayAdmin
-
         if self.remote is not None:
             return self.remote.admins(http)
         return [(GatewayAdmin(self.gateway.url, admin_key, http), self.gateway.url)]
@@ -600,8 +601,6 @@ class Trainer:
         if kind == "agent":
             sessions = SessionSpec(export_style=a.export_style, turn_discount=a.turn_discount)
             return self._agent_runner(agent, admin_key, http, sessions)
-        from trainer.rollout.engine import RolloutEngine
-
         engine = RolloutEngine.for_gateway(self.gateway, str(cfg.model or "default"))
         export = {
             "export_style": a.export_style,
@@ -609,11 +608,7 @@ class Trainer:
             "max_concurrent": cfg.rollout.max_concurrent,
         }
         if kind == "workflow":
-            from trainer.rollout.workflow import TokenWorkflowRunner
-
             return TokenWorkflowRunner(agent, engine, **export)
-        from trainer.rollout.queue_agents import QueueAgentRunner
-
         queue_agent, env = agent
         return QueueAgentRunner(queue_agent, env, engine, **export)
 
@@ -661,13 +656,9 @@ class Trainer:
                 self.remote.push(version, update.state_dict)
             elif how == "push":  # to the trainer's own gateway, in a group kept for the run
                 if self._push is None:
-                    from trainer.backend.weight_push import WeightPush
-
                     self._push = WeightPush([self.gateway.url], self.gateway.config.admin_key)
                 self._push.push(version, update.state_dict)
             elif self.remote is not None:
-                from trainer.backend.weight_push import load_folder
-
                 assert update.path is not None
                 load_folder(self.remote.urls, self.remote.admin_key, version, update.path)
             elif self.gateway is not None:
