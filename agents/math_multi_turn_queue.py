@@ -43,7 +43,7 @@ RETRY_MESSAGE = "Unfortunately your answer is wrong. Let's try again."
 
 @dataclass
 class _Trajectory:
-    input_ids: list[int]
+    input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -51,25 +51,17 @@ class _Trajectory:
     turns: int = 0
     done: bool = False
 
-    def __post_init__(self) -> None:
-        n = len(self.input_ids)
-        self.input_ids = list(self.input_ids)
-        self.loss_mask = [0] * n
-        self.logprobs = [0.0] * n
-        self.versions = [-1] * n
-
-    def add_generated(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+    def add(
+        self, ids: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None
+    ) -> None:
+        """A turn the policy generated (with its logprobs and versions: trained), or
+        context it did not (the prompt, feedback: masked)."""
+        generated = logprobs is not None
         self.input_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += logprobs
-        self.versions += versions
-        self.turns += 1
-
-    def add_context(self, ids: list[int]) -> None:
-        self.input_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [-1] * len(ids)
+        self.loss_mask += [int(generated)] * len(ids)
+        self.logprobs += logprobs if generated else [0.0] * len(ids)
+        self.versions += (versions or []) if generated else [-1] * len(ids)
+        self.turns += int(generated)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,7 +144,9 @@ class MathMultiTurnQueueAgent(Agent):
         await env.reset(options={"qid": qid, "answer": str(prompt["answer"])})
         prompt_ids = self._prompt_ids(prompt)
         n = self.gconfig.n_samples
-        trajs = [_Trajectory(prompt_ids) for _ in range(n)]
+        trajs = [_Trajectory() for _ in range(n)]
+        for t in trajs:
+            t.add(prompt_ids)
         one_sample = self.gconfig.new(n_samples=1)
         reward_if_right = 1.0
         for turn in range(self.num_turns):
@@ -175,7 +169,7 @@ class MathMultiTurnQueueAgent(Agent):
             order = sorted(got)
             for i in order:
                 act, j = got[i]
-                trajs[i].add_generated(act.output_ids[j], act.logprobs[j], act.versions[j])
+                trajs[i].add(act.output_ids[j], act.logprobs[j], act.versions[j])
             answers = [self._answer_text(got[i][0].output_ids[got[i][1]]) for i in order]
             _, rewards, *_ = await env.step((qid, answers))
 
@@ -191,8 +185,8 @@ class MathMultiTurnQueueAgent(Agent):
                 else:
                     act, j = got[i]
                     if act.no_eos[j]:
-                        traj.add_context(self._close_turn)
-                    traj.add_context(self._feedback)
+                        traj.add(self._close_turn)
+                    traj.add(self._feedback)
             reward_if_right *= self.turn_penalty
             if all(t.done for t in trajs):
                 break
