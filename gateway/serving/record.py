@@ -66,8 +66,8 @@ class Records:
             await self.recorder.record(record)
         except RecordError as exc:
             self.metrics.inc("turnstile_record_failures_total")
-            if exc.cause is not None and store_unavailable(exc.cause):
-                raise store_unavailable_error(exc.cause) from exc
+            if exc.__cause__ is not None and store_unavailable(exc.__cause__):
+                raise store_unavailable_error(exc.__cause__) from exc
             raise APIError(503, str(exc), code="record_failed") from exc
         self.metrics.inc("turnstile_completions_total")
         if out.index == 0:  # the choices of one request share its prompt

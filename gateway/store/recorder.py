@@ -59,14 +59,8 @@ class RowInsert:
 
 
 class RecordError(RuntimeError):
-    """The record could not be committed; the client must not get a 200.
-
-    `cause` is the store's own error (None when the recorder is not running).
-    """
-
-    def __init__(self, message: str, cause: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.cause = cause
+    """The record could not be committed; the client must not get a 200. Its
+    `__cause__` is the store's own error (None when the recorder is not running)."""
 
 
 class Recorder:
@@ -186,4 +180,6 @@ def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
     if error is None:
         fut.set_result(None)
     else:
-        fut.set_exception(RecordError(f"could not record completion: {error}", error))
+        failed = RecordError(f"could not record completion: {error}")
+        failed.__cause__ = error
+        fut.set_exception(failed)
