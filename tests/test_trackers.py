@@ -13,8 +13,7 @@ from tensorboardX.proto import event_pb2
 
 from trainer.api.config import ConfigError, load_config
 from trainer.run_log import RunLog
-from trainer.trackers import TRACKERS, make_trackers
-from trainer.trackers import TrackerError
+from trainer.trackers import TRACKERS, TrackerError, make_trackers
 
 ROW = {"step": 1, "reward_mean": 0.5, "loss": 0.25, "step_s": 3.0, "episodes": 4,
        "data_rows": [0, 1], "reward_max": None}  # fmt: skip
