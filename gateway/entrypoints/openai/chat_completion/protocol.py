@@ -5,6 +5,7 @@ Answers are plain dicts in the `openai` package's shapes, encoded once (see Chat
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -71,9 +72,10 @@ class ChatShapes:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        # id -> (its text, that text's UTF-8 as a list): the reply's "token" and "bytes".
-        # The lists are shared by every reply that has the token, and never changed.
-        self._tokens: dict[int, tuple[str, list[int]]] = {}
+        # id -> (its text, that text's UTF-8 as a list): the reply's "token" and "bytes",
+        # decoded once per id (the vocabulary bounds them). The lists are shared by every
+        # reply that has the token, and never changed.
+        self._token = functools.cache(self._decode)
 
     def logprobs(
         self, ids: list[int], logprobs: list[float], top: list[TopLogprobs] | None
@@ -90,14 +92,9 @@ class ChatShapes:
             out.append({"token": piece, "logprob": lp, "bytes": raw, "top_logprobs": alternatives})
         return out
 
-    def _token(self, token_id: int) -> tuple[str, list[int]]:
-        known = self._tokens.get(token_id)
-        if known is None:
-            text = self.tokenizer.decode([token_id])
-            known = (text, list(text.encode()))
-            if len(self._tokens) < 200_000:
-                self._tokens[token_id] = known
-        return known
+    def _decode(self, token_id: int) -> tuple[str, list[int]]:
+        text = self.tokenizer.decode([token_id])
+        return text, list(text.encode())
 
     def completion(
         self,
