@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from sqlalchemy import Connection, Engine, delete, exists, insert, select, text, update
+from sqlalchemy import Engine, Executable, delete, exists, insert, select, text, update
 
 from gateway.store.schema import InflightRow
 
@@ -36,33 +36,34 @@ class InflightMarks:
         if not self.shared:
             return None
         mark_id = uuid.uuid4().hex
-        row = dict(id=mark_id, session_id=session_id, request_hash=request_hash,
-                   expires_at=time.time() + self.lease_s)  # fmt: skip
-        with self.engine.begin() as conn:
-            _not_durable(conn)
-            conn.execute(insert(InflightRow), [row])
-            if time.monotonic() >= self._next_sweep:
-                self._next_sweep = time.monotonic() + self.sweep_every_s
-                conn.execute(
-                    delete(InflightRow).where(
-                        _T.c.expires_at < row["expires_at"] - 2 * self.lease_s
-                    )
-                )
+        expires_at = time.time() + self.lease_s
+        statements = [
+            insert(InflightRow).values(
+                id=mark_id, session_id=session_id, request_hash=request_hash, expires_at=expires_at
+            )
+        ]
+        if time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + self.sweep_every_s
+            statements.append(
+                delete(InflightRow).where(_T.c.expires_at < expires_at - 2 * self.lease_s)
+            )
+        self._write(*statements)
         return mark_id
 
     def renew(self, mark_id: str) -> None:
-        with self.engine.begin() as conn:
-            _not_durable(conn)
-            conn.execute(
-                update(InflightRow)
-                .where(_T.c.id == mark_id)
-                .values(expires_at=time.time() + self.lease_s)
-            )
+        expires_at = time.time() + self.lease_s
+        self._write(update(InflightRow).where(_T.c.id == mark_id).values(expires_at=expires_at))
 
     def clear(self, mark_id: str) -> None:
+        self._write(delete(InflightRow).where(_T.c.id == mark_id))
+
+    def _write(self, *statements: Executable) -> None:
+        """In one transaction whose commit does not wait for the disk: a mark need not
+        survive a server crash (a retry after one finds no original generating anyway)."""
         with self.engine.begin() as conn:
-            _not_durable(conn)
-            conn.execute(delete(InflightRow).where(_T.c.id == mark_id))
+            conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
+            for statement in statements:
+                conn.execute(statement)
 
     def pending(self, session_id: str, request_hash: str) -> bool:
         """Is a request with this body still generating on some replica?"""
@@ -77,9 +78,3 @@ class InflightMarks:
         )
         with self.engine.connect() as conn:
             return bool(conn.execute(q).scalar())
-
-
-def _not_durable(conn: Connection) -> None:
-    """A mark need not survive a server crash (a retry after one finds no original
-    generating anyway): its commit does not wait for the disk."""
-    conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
