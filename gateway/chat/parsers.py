@@ -33,7 +33,18 @@ def scan(text: str, markers: tuple[str, ...]) -> tuple[str, str | None, str]:
     return text[:at], marker, text[at + len(marker) :]
 
 
-class ToolParser(abc.ABC):
+class TextParser(abc.ABC):
+    """Fed an answer's text as it is generated; gives events back."""
+
+    @abc.abstractmethod
+    def feed(self, text: str) -> list[Event]: ...
+
+    @abc.abstractmethod
+    def finish(self) -> list[Event]:
+        """Events for what was held back, once the answer is complete."""
+
+
+class ToolParser(TextParser):
     """Feed text as it is generated; get content and complete tool calls back."""
 
     # how one call is written, for the gateway's tool prompt (tools.py); None: Hermes'
@@ -54,13 +65,6 @@ class ToolParser(abc.ABC):
     def new_id(self) -> str:
         """A new call's id (a family whose template checks ids overrides it)."""
         return "call_" + uuid.uuid4().hex[:24]
-
-    @abc.abstractmethod
-    def feed(self, text: str) -> list[Event]: ...
-
-    @abc.abstractmethod
-    def finish(self) -> list[Event]:
-        """Events for what was held back, once the answer is complete."""
 
     def _say(self, text: str) -> list[Event]:
         if text:
@@ -177,7 +181,7 @@ class BlockToolParser(ToolParser):
         return self._say(body)
 
 
-class ReasoningParser(abc.ABC):
+class ReasoningParser(TextParser):
     """Feed text as it is generated; get `ReasoningEvent`s and `ContentEvent`s back.
     `prompt_text`, the rendered prompt, may have opened the reasoning block (DeepSeek-R1's
     ends with `<think>`): then the output starts inside it."""
@@ -188,13 +192,6 @@ class ReasoningParser(abc.ABC):
     @property
     def reasoning(self) -> str | None:
         return "".join(self.reasoning_parts) or None
-
-    @abc.abstractmethod
-    def feed(self, text: str) -> list[Event]: ...
-
-    @abc.abstractmethod
-    def finish(self) -> list[Event]:
-        """Events for what was held back, once the answer is complete."""
 
     def _reason(self, text: str) -> list[Event]:
         if not text:
