@@ -31,7 +31,7 @@ from gateway.state import GatewayState, State
 from gateway.store.summaries import SessionFilter
 from gateway.ui.access import COOKIE, is_admin, offered_key, stale_cookie
 from gateway.ui.openapi import key_parameters, metrics_responses, page_responses, static_responses
-from gateway.ui.runs import run_dirs, run_metrics
+from gateway.ui.runs import run_dir, run_metrics
 from gateway.ui.session_view import build_session_view
 from gateway.ui.tokens import TokenTexts
 
@@ -205,24 +205,20 @@ async def session_page(
 async def runs_page(request: Request, state: State) -> Response:
     if (gate := _gate(request, state)) is not None:
         return gate
-    return _page(request, "runs.html", runs=run_dirs(state.config.run_dirs))
-
-
-def _run(state: GatewayState, index: int):  # -> RunDir | None
-    runs = run_dirs(state.config.run_dirs)
-    return runs[index] if 0 <= index < len(runs) else None
+    runs = [Path(p) for p in state.config.run_dirs]
+    return _page(request, "runs.html", runs=runs)
 
 
 @router.get("/runs/{index}", **_html_page(404))
 async def run_page(index: int, request: Request, state: State) -> Response:
     if (gate := _gate(request, state)) is not None:
         return gate
-    run = _run(state, index)
+    run = run_dir(state.config.run_dirs, index)
     if run is None:
         return _error(
             request, 404, f"No run {index}; the gateway knows {len(state.config.run_dirs)}."
         )
-    return _page(request, "run.html", run=run)
+    return _page(request, "run.html", run=run, index=index)
 
 
 @router.get(
@@ -235,7 +231,7 @@ async def run_metrics_json(index: int, request: Request, state: State) -> Respon
     error of the gateway."""
     if not is_admin(state, request):
         raise APIError(401, "This needs the admin key.", code="admin_key_required")
-    run = _run(state, index)
+    run = run_dir(state.config.run_dirs, index)
     if run is None:
         raise APIError(404, f"No run {index}.", code="run_not_found")
     return JSONResponse(await run_in_threadpool(run_metrics, run))

@@ -5,26 +5,13 @@ eval.jsonl, both written by trainer/run_log.py while the run goes on."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
-@dataclass(slots=True, frozen=True)
-class RunDir:
-    index: int
-    path: Path
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    def exists(self) -> bool:
-        return (self.path / "metrics.jsonl").is_file()
-
-
-def run_dirs(configured: list[str]) -> list[RunDir]:
-    return [RunDir(i, Path(p)) for i, p in enumerate(configured)]
+def run_dir(configured: list[str], index: int) -> Path | None:
+    """The `index`th run folder (None: there is no such run)."""
+    return Path(configured[index]) if 0 <= index < len(configured) else None
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -41,10 +28,10 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_metrics(run: RunDir) -> dict[str, Any]:
+def run_metrics(run: Path) -> dict[str, Any]:
     return {
         "name": run.name,
-        "path": str(run.path),
-        "rows": _jsonl(run.path / "metrics.jsonl"),
-        "evals": _jsonl(run.path / "eval.jsonl"),
+        "path": str(run),
+        "rows": _jsonl(run / "metrics.jsonl"),
+        "evals": _jsonl(run / "eval.jsonl"),
     }
