@@ -7,8 +7,9 @@ same whatever the length, and what a turn needs (its length, its tail, its JSON)
 from the chunks. It is an immutable sequence of ints (a slice is a list); `joined`
 copies the parts it is given, which their owners may still grow.
 
-Its JSON is kept as parts too (the parent's, then the turn's own ids), which the engine
-request is written from as they are (gateway/inference/http_client.py), never joined.
+Its JSON is kept as parts too (the parent's, then the turn's own ids): a turn's request
+joins them once, for the engine client (gateway/inference/remote.py), instead of writing
+every id again.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def json_object_with_ids(
     key: str, ids: Sequence[int], rest: bytes
 ) -> tuple[bytes | memoryview, ...]:
     """`{"<key>": ids, ...rest}` as JSON (`rest`: the other fields as a JSON object), in
-    parts whose concatenation is the object: the HTTP client writes them to the socket
-    as they are, so a 40k-token prompt's JSON is not copied into one body first."""
+    parts whose concatenation is the object: a 40k-token prompt's ids are written as
+    JSON once, in the turn that added them."""
     head = b'{"%s":' % key.encode()
     parts = ids.json_parts() if type(ids) is TokenIds else (orjson.dumps(list(ids))[:-1],)
     if len(rest) <= 2:  # {}

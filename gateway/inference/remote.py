@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
 from gateway import json_codec
 from gateway.inference.base import (
     ContextLengthExceeded,
@@ -40,7 +42,6 @@ from gateway.inference.base import (
     TokenChunk,
     TopLogprobs,
 )
-from gateway.inference.http_client import Body, ConnectFailed, EngineHTTP, HTTPFailed, TimedOut
 from gateway.inference.routing import StickyRouter
 from gateway.token_ids import TokenIds
 
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 Tokens = tuple[list[int], list[float], list[TopLogprobs], int | None]
 # Loads new weights on one server: (url, new version, abort) -> None, or what failed.
 Loader = Callable[[str, int, bool], Awaitable[str | None]]
+# A request body: bytes, or its parts in order (a long prompt's JSON is kept in parts,
+# gateway/token_ids.py)
+Body = bytes | tuple[bytes | memoryview, ...]
+# What a request that gets no answer raises: aiohttp's errors, and its timeouts
+HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class ServerUnreachable(EngineError):
@@ -129,6 +135,48 @@ def error_message(raw: bytes | str) -> str:
     return str(data)[:500]
 
 
+def open_session(options: ServerOptions) -> aiohttp.ClientSession:
+    """The one HTTP session to the servers, aiohttp's public knobs set for one kind of
+    peer: no cookies, no compression, no headers of its own, one deadline a request."""
+    headers = {"Content-Type": "application/json"}
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=options.max_connections),
+        headers=headers,
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(options.timeout_s, connect=options.connect_timeout_s),
+    )
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The `data:` payloads of a server-sent event stream, up to `[DONE]`. Split here:
+    aiohttp's line reader refuses lines over 128 kB, and SGLang's cumulative events
+    grow past that on long answers."""
+    rest = b""
+    async for chunk in content.iter_any():
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return
+                yield payload
+    payload = rest[5:].strip()
+    if rest.startswith(b"data:") and payload != b"[DONE]":
+        yield payload
+
+
+async def _one(answer: bytes) -> AsyncIterator[bytes]:
+    yield answer
+
+
 def finish_reason(finish: dict[str, Any]) -> FinishReason:
     kind = finish.get("type")
     if kind == "length" or kind == "abort":
@@ -179,7 +227,7 @@ class RemoteEngine(InferenceEngine):
             StickyRouter(self.urls, max_keys=options.max_route_keys) if len(self.urls) > 1 else None
         )
         self._server_context: int | None = None
-        self._client: EngineHTTP | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
         # Weight updates: new segments wait on the gate; `_started`/`_done` count updates.
@@ -231,16 +279,7 @@ class RemoteEngine(InferenceEngine):
         self._gate = asyncio.Event()
         self._gate.set()
         self._update_lock = asyncio.Lock()
-        headers = {"Content-Type": "application/json"}
-        if self.options.api_key:
-            headers["Authorization"] = f"Bearer {self.options.api_key}"
-        self._client = EngineHTTP(
-            headers=headers,
-            timeout_s=self.options.timeout_s,
-            connect_timeout_s=self.options.connect_timeout_s,
-            max_connections=self.options.max_connections,
-        )
-        await self._client.start()
+        self._client = open_session(self.options)
         if not await self._fetch_info():
             log.warning(
                 "no %s server answered at %s; serving anyway (max context %d until one does)",
@@ -281,14 +320,15 @@ class RemoteEngine(InferenceEngine):
             await self._fetch_info()
         return any(ok)
 
-    async def _get(self, url: str, timeout: float) -> bytes | None:
+    async def _get(self, url: str, timeout_s: float) -> bytes | None:
         """GET: the body of a 200, else None."""
         assert self._client is not None
+        timeout = aiohttp.ClientTimeout(timeout_s, connect=self.options.connect_timeout_s)
         try:
-            r = await self._client.get(url, timeout=timeout)
-        except HTTPFailed:
+            async with self._client.get(url, timeout=timeout) as r:
+                return await r.read() if r.status == 200 else None
+        except HTTP_ERRORS:
             return None
-        return r.content if r.status == 200 else None
 
     async def _fetch_info(self) -> bool:
         """Learn the context length and weight version; True if a server answered."""
@@ -327,18 +367,20 @@ class RemoteEngine(InferenceEngine):
         Raises ControlFailed, its message with the server kind's hint."""
         assert self._client is not None
         payload = json_codec.dumps({} if body is None else body)
+        timeout = aiohttp.ClientTimeout(
+            self.options.update_timeout_s, connect=self.options.connect_timeout_s
+        )
         try:
-            r = await self._client.post(
-                f"{url}{path}", payload, timeout=self.options.update_timeout_s
-            )
-        except HTTPFailed as exc:
-            raise ControlFailed(f"{url}{path}: {exc}") from exc
-        if r.status != 200:
-            message = error_message(r.content)
-            hint = self._hint(r.status, message)
-            raise ControlFailed(f"{url}{path} answered {r.status}: {message}{hint}", r.status)
+            async with self._client.post(f"{url}{path}", data=payload, timeout=timeout) as r:
+                status, content = r.status, await r.read()
+        except HTTP_ERRORS as exc:
+            raise ControlFailed(f"{url}{path}: {describe(exc)}") from exc
+        if status != 200:
+            message = error_message(content)
+            hint = self._hint(status, message)
+            raise ControlFailed(f"{url}{path} answered {status}: {message}{hint}", status)
         try:
-            return json_codec.loads(r.content) if r.content else None
+            return json_codec.loads(content) if content else None
         except ValueError:
             return None
 
@@ -471,33 +513,29 @@ class RemoteEngine(InferenceEngine):
 
         HTTP failures become engine errors here."""
         assert self._client is not None
-        url, target = seg.url, f"{seg.url}{self.generate_path}"
+        url, body = seg.url, seg.body
+        data = body if isinstance(body, bytes) else b"".join(body)
         try:
-            if not seg.stream:
-                r = await self._client.post(target, seg.body, headers=seg.headers)
-                if r.status != 200:
-                    raise self.refusal(url, r.status, r.content)
-                for tokens in self._tokens(self.parse_answer(r.content, url), seg):
-                    yield tokens
-                return
-            async with self._client.stream(target, seg.body, headers=seg.headers) as r:
+            async with self._client.post(
+                f"{url}{self.generate_path}", data=data, headers=seg.headers
+            ) as r:
                 if r.status != 200:
                     raise self.refusal(url, r.status, await r.read())
-                async for payload in r.events():
-                    for tokens in self._tokens(self.parse_answer(payload, url), seg):
+                answers = sse_events(r.content) if seg.stream else _one(await r.read())
+                async for answer in answers:
+                    for tokens in self._tokens(self.parse_answer(answer, url), seg):
                         yield tokens
-        except ConnectFailed as exc:
-            reason = str(exc) or type(exc).__name__
+        except aiohttp.ClientConnectorError as exc:  # (not a connect timeout)
             raise ServerUnreachable(
-                f"cannot reach the {self.label} server at {url}: {reason}"
+                f"cannot reach the {self.label} server at {url}: {describe(exc)}"
             ) from exc
-        except TimedOut as exc:
+        except TimeoutError as exc:
             raise EngineError(
                 f"the {self.label} server at {url} did not answer within "
                 f"{self.options.timeout_s:g} s"
             ) from exc
-        except HTTPFailed as exc:
-            raise EngineError(f"the {self.label} server at {url} failed: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineError(f"the {self.label} server at {url} failed: {describe(exc)}") from exc
         if seg.finish is None:
             raise EngineError(f"the {self.label} server at {url} ended the stream before finishing")
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams, TopLogprobs
-from gateway.inference.http_client import Body
 from gateway.inference.remote import (
+    Body,
     ControlFailed,
     RemoteEngine,
     Segment,

@@ -38,8 +38,7 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams, TopLogprobs
-from gateway.inference.http_client import Body
-from gateway.inference.remote import ControlFailed, RemoteEngine, Segment, Tokens, as_int
+from gateway.inference.remote import Body, ControlFailed, RemoteEngine, Segment, Tokens, as_int
 from gateway.token_ids import json_object_with_ids
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (deploy/vllm/)"
