@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -24,5 +24,5 @@ def sse_error(exc: APIError) -> bytes:
     return sse_event(error_body(exc.status, exc.message, exc.code, exc.param))
 
 
-def sse_response(body: AsyncIterator[bytes]) -> StreamingResponse:
+def sse_response(body: AsyncIterator[bytes] | Iterable[bytes]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers=_HEADERS)

@@ -291,13 +291,7 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
         endpoint states only the shapes: its body, or its stream's frames."""
         if not req.stream:  # type: ignore[attr-defined]
             return self.replay_body(req, rows)
-        frames = self.replay_frames(req, rows)
-
-        async def body() -> AsyncIterator[bytes]:
-            for frame in frames:
-                yield frame
-
-        return sse_response(body())
+        return sse_response(self.replay_frames(req, rows))
 
     def replay_body(self, req: Req, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """The whole answer again: a one-choice endpoint recorded the body it answered."""
