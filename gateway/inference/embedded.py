@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -237,14 +238,8 @@ class EmbeddedEngine(InferenceEngine):
                 return len(prefix)
         if len(reqs) < 2:
             return 0
-        first = reqs[0].prompt_ids
-        n = shortest
-        for r in reqs[1:]:
-            ids = r.prompt_ids
-            k = 0
-            while k < n and ids[k] == first[k]:
-                k += 1
-            n = k
+        # (commonprefix compares any sequences, lists of ids too, element by element)
+        n = min(len(os.path.commonprefix([r.prompt_ids for r in reqs])), shortest)
         return n if n >= SHARED_PREFIX_MIN else 0
 
     def _prefix_cache(self, prefix: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -537,7 +532,7 @@ class _Rows:
                 [_left_pad(mine.values, width), _left_pad(theirs.values, width)]
             )
         self.attn = torch.cat(
-            [_left_pad(self.attn, width, dim=1), _left_pad(other.attn, width, dim=1)]
+            [_left_pad(self.attn, width, dim=-1), _left_pad(other.attn, width, dim=-1)]
         )
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
         self.temps = torch.cat([self.temps, other.temps])
@@ -547,10 +542,6 @@ class _Rows:
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
-    """Zeros on the left of `dim` up to `width` (masked out by the attention mask)."""
-    missing = width - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+    """Zeros on the left of `dim` (-1 or -2) up to `width` (masked out by the attention
+    mask)."""
+    return torch.nn.functional.pad(t, [0, 0] * (-dim - 1) + [width - t.shape[dim], 0])
