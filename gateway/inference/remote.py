@@ -157,8 +157,8 @@ def describe(exc: BaseException) -> str:
 
 async def sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
     """The `data:` payloads of a server-sent event stream, up to `[DONE]`. Split here:
-    aiohttp's line reader refuses lines over 128 kB, and SGLang's cumulative events
-    grow past that on long answers."""
+    aiohttp's line reader refuses lines over 512 kB, and SGLang's cumulative events
+    grow past that on long answers with top logprobs."""
     rest = b""
     async for chunk in content.iter_any():
         *lines, rest = (rest + chunk).split(b"\n")
