@@ -3,7 +3,7 @@
 Templates do not always render an earlier answer as the model wrote it (Qwen3's drops
 earlier `<think>` blocks, clients re-serialise tool arguments, whitespace is trimmed);
 then a multi-turn episode cannot be trained as one sequence. Only computed when the
-tokens do differ.
+tokens do differ (gateway/store/delta.py's `continued_length` says where).
 """
 
 from __future__ import annotations
@@ -17,31 +17,21 @@ from gateway.chat.families import reasoning_blocks
 _WS = re.compile(r"\s+")
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where `b` does not continue `a` (None: it does)."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(b) >= len(a) else len(b)
-
-
 def drift(
     parent_prompt: list[int],
     parent_output: list[int],
     prompt: list[int],
+    at: int,
     decode: Callable[[list[int]], str],
     has_tool_calls: bool,
-) -> dict[str, Any] | None:
-    """{"at": first differing token index, "cause": ...} or None when the tokens continue.
+) -> dict[str, Any]:
+    """{"at": `at`, the first token where `prompt` leaves the parent's, "cause": ...}.
 
     cause: `reasoning_dropped` (the parent's reasoning is not in the new prompt),
     `whitespace` (the texts differ only in whitespace), `tool_arguments` (the answer
     was a tool call, written back differently), or None (not known).
     """
     before = parent_prompt + parent_output
-    at = first_difference(before, prompt)
-    if at is None:
-        return None
     start = max(0, at - 2)  # from just before: a think block may open at `at - 1`
     old_text, new_text = decode(before[start:]), decode(prompt[start:])
     cause = None

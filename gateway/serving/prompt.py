@@ -95,7 +95,8 @@ class Prompts:
             else:  # does it start with exactly the tokens the parent saw and produced?
                 shared = continued_length(parent.prompt_ids, parent.output_ids, rendered.ids)
                 prompt.continues = shared == len(parent.prompt_ids) + len(parent.output_ids)
-                prompt.drift = None if prompt.continues else self._drift(parent, rendered.ids)
+                if not prompt.continues:
+                    prompt.drift = self._drift(parent, rendered.ids, shared)
         return prompt
 
     def render(
@@ -230,17 +231,15 @@ class Prompts:
             self.metrics.inc(f"turnstile_prompts_{kind}_total")
         return rendered
 
-    def _drift(self, parent: Parent, prompt_ids: list[int]) -> dict[str, Any] | None:
-        """Where (and why) this prompt, which does not continue its parent's tokens,
-        leaves them; counted in /metrics."""
+    def _drift(self, parent: Parent, prompt_ids: list[int], at: int) -> dict[str, Any]:
+        """Why this prompt leaves its parent's tokens at `at`; counted in /metrics."""
         decode = self.renderer.decode
         calls = make_tool_parser(self.tool_parser)
         calls.feed(decode(parent.output_ids))
         calls.finish()
         found = drift(
-            parent.prompt_ids, parent.output_ids, prompt_ids, decode, bool(calls.tool_calls)
+            parent.prompt_ids, parent.output_ids, prompt_ids, at, decode, bool(calls.tool_calls)
         )
-        if found is not None:
-            self.metrics.inc("turnstile_prompt_drift_total")
-            self.metrics.inc(f"turnstile_prompt_drift_{found['cause'] or 'unknown'}_total")
+        self.metrics.inc("turnstile_prompt_drift_total")
+        self.metrics.inc(f"turnstile_prompt_drift_{found['cause'] or 'unknown'}_total")
         return found
