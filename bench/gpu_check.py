@@ -28,12 +28,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.report import alternate, medians  # noqa: E402
-from gateway.inference.weight_broadcast import (  # noqa: E402
+from bench.report import ROOT, alternate, medians
+from gateway.inference.weight_broadcast import (
     GroupSpec,
     Manifest,
     backend_for,
@@ -86,14 +82,14 @@ def token_batch(seqs: int, tokens: int) -> list[list[int]]:
     """`seqs` sequences of `tokens` ids: this repository's docs through the real tokenizer."""
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(ROOT / "tests"))
     from fetch_tokenizers import family_dir
 
     folder = family_dir("qwen3")
     if not (folder / "tokenizer.json").is_file():
         raise SystemExit(f"no Qwen3 tokenizer at {folder}: run tests/fetch_tokenizers.py")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    text = "\n\n".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
     ids = tokenizer(text)["input_ids"]
     while len(ids) < seqs * tokens:
         ids = ids + ids
@@ -193,12 +189,6 @@ def weight_push(
 
 
 # ---- 2. the training step ------------------------------------------------------------------
-def _packed(batch: list[list[int]], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.tensor([[t for s in batch for t in s]], device=device)
-    pos = torch.tensor([[p for s in batch for p in range(len(s))]], device=device)
-    return ids, pos
-
-
 def _loss(model: Any, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=ids, position_ids=pos).logits[0, :-1].float()
     return torch.nn.functional.cross_entropy(logits, ids[0, 1:])
@@ -215,7 +205,8 @@ def training_step(
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29563")
     deepspeed.init_distributed(dist_backend=backend_for(device), verbose=False)
-    ids, pos = _packed(batch, device)
+    ids = torch.tensor([[t for s in batch for t in s]], device=device)
+    pos = torch.tensor([[p for s in batch for p in range(len(s))]], device=device)
     lr = 1e-5
 
     ds_model = build_model(shape, torch.float32, device)

@@ -40,4 +40,4 @@ if ! "$PYTHON" -c "import deepspeed" 2>/dev/null; then
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export DS_BUILD_OPS=0 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-timeout 480 "$PYTHON" bench/gpu_check.py "$@"
+timeout 480 "$PYTHON" -m bench.gpu_check "$@"

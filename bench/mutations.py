@@ -11,11 +11,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from mutations import MUTATIONS  # noqa: E402
+from bench.report import ROOT
+from tests.mutations import MUTATIONS
 
 
 def run(mutation: str | None) -> tuple[bool, float, str]:
