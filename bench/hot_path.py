@@ -95,8 +95,8 @@ def pooled(runs: list[Run]) -> list[Run]:
         groups.setdefault((r.path, r.result.concurrency), []).append(r)
     out = []
     for group in groups.values():
-        first, last = group[0].result, group[-1]
-        result = LevelResult(first.target, first.concurrency, first.turns)
+        last = group[-1]
+        result = LevelResult(last.result.concurrency)
         for r in group:
             result.add(r.result)
         turns = min(len(r.turn_cpu_ms) for r in group)
@@ -215,7 +215,7 @@ class Bench:
         convs = await self.conversations_for(path, url, n)
         cpu0 = server.cpu_seconds()
         res = await run_level(
-            url, path, sessions, convs, self.args.turns, first_conversation=self.conversations
+            url, sessions, convs, self.args.turns, first_conversation=self.conversations
         )
         run = Run(path, res, server.cpu_seconds() - cpu0)
         self.ran(path, n, res)
@@ -317,10 +317,6 @@ class Bench:
         store_ok, store = check_store(db, self.records)
         print(store)
         section = self.short_section(store)
-        (ROOT / "runs" / "bench").mkdir(parents=True, exist_ok=True)
-        (ROOT / "runs" / "bench" / "hot_path.json").write_text(
-            json.dumps([r.result.summary() | {"cpu_ms": r.cpu_ms} for r in self.runs], indent=1)
-        )
         failed = sum(r.result.failed for r in [*self.runs, *self.long])
         for r in [*self.runs, *self.long]:
             for error in r.result.errors[:2]:

@@ -59,9 +59,9 @@ class Record:
 
 @dataclass
 class LevelResult:
-    target: str
+    """A level's requests: answered, failed and how fast."""
+
     concurrency: int
-    turns: int
     wall_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)  # 200s only
     statuses: Counter[int] = field(default_factory=Counter)  # 0 = transport error
@@ -95,21 +95,6 @@ class LevelResult:
         self.errors += other.errors
         self.records += other.records
 
-    def summary(self) -> dict[str, Any]:
-        lat = self.latencies_ms
-        return {
-            "target": self.target,
-            "concurrency": self.concurrency,
-            "requests": self.requests,
-            "ok": self.ok,
-            "statuses": dict(self.statuses),
-            "wall_s": round(self.wall_s, 3),
-            "rps": round(self.rps, 1),
-            **{f"p{q}_ms": round(self.pct(q), 3) for q in (50, 90, 99)},
-            "mean_ms": round(sum(lat) / len(lat), 3) if lat else float("nan"),
-            "errors": self.errors[:5],
-        }
-
 
 def connector(concurrency: int) -> aiohttp.TCPConnector:
     return aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, enable_cleanup_closed=True)
@@ -126,19 +111,13 @@ async def create_session(
     return data["id"], data["api_key"]
 
 
-async def create_sessions(
-    base_url: str, admin_key: str | None, n: int, concurrency: int = 8
-) -> list[Conversation]:
-    """`n` gateway sessions, opened `concurrency` at a time."""
-    gate = asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(connector=connector(concurrency)) as http:
-
-        async def one() -> Conversation:
-            async with gate:
-                body = {"metadata": {"bench": True}}
-                return Conversation(*await create_session(http, base_url, admin_key, **body))
-
-        return list(await asyncio.gather(*(one() for _ in range(n))))
+async def create_sessions(base_url: str, admin_key: str | None, n: int) -> list[Conversation]:
+    """`n` gateway sessions, opened at most 8 at a time (the connector's connections)."""
+    async with aiohttp.ClientSession(connector=connector(4)) as http:
+        opened = (
+            create_session(http, base_url, admin_key, metadata={"bench": True}) for _ in range(n)
+        )
+        return [Conversation(*ids) for ids in await asyncio.gather(*opened)]
 
 
 @dataclass
@@ -189,7 +168,6 @@ def opening(conversation: int) -> list[dict[str, Any]]:
 
 async def run_level(
     base_url: str,
-    target: str,
     concurrency: int,
     conversations: list[Conversation],
     turns: int = 4,
@@ -197,7 +175,7 @@ async def run_level(
     first_conversation: int = 0,
 ) -> LevelResult:
     """Run every conversation (each `turns` requests) with `concurrency` agents at once."""
-    result = LevelResult(target, concurrency, turns)
+    result = LevelResult(concurrency)
     next_conv = iter(enumerate(conversations, start=first_conversation))
 
     async def agent(chat: Chat) -> None:
@@ -240,7 +218,7 @@ async def run_long(
 ) -> LevelResult:
     """Long sessions in lockstep: turn t of every conversation at once, then `on_turn(t,
     answered)` (e.g. to read the server's CPU), so costs can be told apart by turn."""
-    result = LevelResult("long", len(conversations), turns)
+    result = LevelResult(len(conversations))
     histories = [opening(i) for i in range(len(conversations))]
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector(len(histories)), timeout=timeout) as http:
