@@ -33,15 +33,18 @@ def scan(text: str, markers: tuple[str, ...]) -> tuple[str, str | None, str]:
     return text[:at], marker, text[at + len(marker) :]
 
 
-class TextParser(abc.ABC):
-    """Fed an answer's text as it is generated; gives events back."""
+class TextParser:
+    """Fed an answer's text as it is generated; gives events back. As it is, a parser
+    of no format: all text is content (what OutputParser uses where there is none)."""
 
-    @abc.abstractmethod
-    def feed(self, text: str) -> list[Event]: ...
+    def feed(self, text: str) -> list[Event]:
+        return self._say(text)
 
-    @abc.abstractmethod
     def finish(self) -> list[Event]:
         """Events for what was held back, once the answer is complete."""
+        return []
+
+    _say = staticmethod(content_events)
 
 
 class ToolParser(TextParser):
@@ -116,7 +119,7 @@ def each_match(
     return calls
 
 
-class BlockToolParser(ToolParser):
+class BlockToolParser(ToolParser, abc.ABC):
     """Tool calls inside `open ... close` markers, the body parsed by `parse_block`, and
     reported once the block closes (or the answer ends). A block that does not parse
     comes back as content, markers included, and is counted; whitespace between calls
@@ -198,8 +201,6 @@ class ReasoningParser(TextParser):
             return []
         self.reasoning_parts.append(text)
         return [ReasoningEvent(text)]
-
-    _say = staticmethod(content_events)
 
 
 # by name (`--tool-parser`, `--reasoning-parser`, vLLM's names); filled by the families
