@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gateway.chat.families import reasoning_blocks
+from gateway.chat.families import FAMILIES
 
 _WS = re.compile(r"\s+")
 
@@ -35,7 +35,8 @@ def drift(
     start = max(0, at - 2)  # from just before: a think block may open at `at - 1`
     old_text, new_text = decode(before[start:]), decode(prompt[start:])
     cause = None
-    thoughts = [t for block in reasoning_blocks() for t in block.findall(old_text)]
+    blocks = [f.reasoning_block for f in FAMILIES.values() if f.reasoning_block is not None]
+    thoughts = [t for block in blocks for t in block.findall(old_text)]
     if any(t.strip() and t not in new_text for t in thoughts):
         cause = "reasoning_dropped"
     elif _WS.sub("", new_text).startswith(_WS.sub("", old_text)):

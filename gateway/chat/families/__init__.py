@@ -51,7 +51,8 @@ class Family:
     shape_message: Callable[[Message], Message] | None = None  # a normalised message as
     # its templates need it (a quirk): a new dict, never a change to the one given
     renderer: Callable[[Any], OwnTemplate] | None = None  # tokenizer -> its own renderer
-    renderer_name: str | None = None  # `--chat-template NAME` picks that renderer
+    renderer_name: str | None = None  # `--chat-template NAME` picks that renderer (set
+    # with `renderer`)
     renders_tokenizer: Callable[[Any], bool] | None = None  # a tokenizer with no template
     # that the renderer serves (gpt-oss's, which have harmony's tokens)
 
@@ -105,25 +106,18 @@ def detect_reasoning_parser(chat_template: Any) -> str | None:
 
 def by_renderer(name: str | None) -> Family | None:
     """The family whose own renderer `name` (a `--chat-template` value) names."""
-    found = (f for f in ordered() if name and f.renderer is not None and f.renderer_name == name)
-    return next(found, None)
+    return next((f for f in ordered() if name and f.renderer_name == name), None)
 
 
 def renderer_for(tokenizer: Any) -> str | None:
     """The own renderer's name for a tokenizer that ships no chat template."""
-    for family in ordered():
-        if family.renders_tokenizer is not None and family.renders_tokenizer(tokenizer):
-            return family.renderer_name
-    return None
+    serves = (f for f in ordered() if f.renders_tokenizer and f.renders_tokenizer(tokenizer))
+    return next((f.renderer_name for f in serves), None)
 
 
 def stop_tokens() -> set[str]:
     """Every family's turn enders (a tokenizer's that it has are stop ids)."""
     return {t for family in FAMILIES.values() for t in family.stop_tokens}
-
-
-def reasoning_blocks() -> list[re.Pattern[str]]:
-    return [f.reasoning_block for f in ordered() if f.reasoning_block is not None]
 
 
 def make_tool_parser(name: str) -> ToolParser:

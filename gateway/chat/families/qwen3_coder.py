@@ -18,8 +18,8 @@ import re
 from typing import Any
 
 from gateway.chat.families import Family, register_family
-from gateway.chat.families.hermes import TOOL_CLOSE, TOOL_OPEN
-from gateway.chat.parsers import TOOL_PARSERS, BlockToolParser, Calls, each_match
+from gateway.chat.families.hermes import HermesToolParser
+from gateway.chat.parsers import TOOL_PARSERS, Calls, each_match
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
@@ -42,10 +42,7 @@ def _call(m: re.Match[str]) -> tuple[str, str] | None:
 
 
 @TOOL_PARSERS.register("qwen3_coder")
-class Qwen3CoderToolParser(BlockToolParser):
-    open = TOOL_OPEN
-    close = TOOL_CLOSE
-
+class Qwen3CoderToolParser(HermesToolParser):  # Hermes' tags, XML inside
     def parse_block(self, body: str) -> Calls | None:
         return each_match(_FUNCTION, body, _call)
 
