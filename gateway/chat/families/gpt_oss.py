@@ -120,7 +120,7 @@ class HarmonyTemplate:
         }
         return [
             {**m, "name": names[m.get("tool_call_id")]}
-            if m.get("role") == "tool" and not m.get("name") and names.get(m.get("tool_call_id"))
+            if m.get("role") == "tool" and names.get(m.get("tool_call_id"))
             else m
             for m in messages
         ]
@@ -129,7 +129,8 @@ class HarmonyTemplate:
         from openai_harmony import Conversation, Role
 
         ids = self.encoding.render_conversation_for_completion(
-            Conversation.from_messages(self.messages(messages, tools)), Role.ASSISTANT
+            Conversation.from_messages(self.messages(self.standalone(messages), tools)),
+            Role.ASSISTANT,
         )
         return self.encoding.decode_utf8(ids)
 
@@ -161,7 +162,6 @@ class HarmonyTemplate:
         out = [Message.from_role_and_content(Role.SYSTEM, SystemContent.new())]
         if instructions or tools:
             out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
-        names = {}  # tool call id -> function name
         assistant = partial(Message.from_role_and_content, Role.ASSISTANT)
         for m in messages:
             role = m["role"]
@@ -172,7 +172,6 @@ class HarmonyTemplate:
                     out.append(assistant(m["reasoning_content"]).with_channel("analysis"))
                 for tc in m.get("tool_calls") or []:
                     fn = tc["function"]
-                    names[tc.get("id")] = fn["name"]
                     args = fn["arguments"]
                     text = args if isinstance(args, str) else json.dumps(args)
                     out.append(
@@ -184,7 +183,7 @@ class HarmonyTemplate:
                 if m.get("content") or not m.get("tool_calls"):
                     out.append(assistant(m.get("content") or "").with_channel("final"))
             elif role == "tool":
-                name = names.get(m.get("tool_call_id")) or m.get("name") or "unknown"
+                name = m.get("name") or "unknown"  # the call's (`standalone`)
                 out.append(
                     Message.from_author_and_content(
                         Author.new(Role.TOOL, f"functions.{name}"), m["content"]

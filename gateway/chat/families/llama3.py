@@ -49,14 +49,12 @@ class Llama3JsonToolParser(ToolParser):
             return self._say(text)
         self._buf += text
         head = self._buf.lstrip()
-        if not head or (self._mode is None and PYTHON_TAG.startswith(head)):
-            return []  # could still become a call
-        if self._mode is None:
+        if self._mode is None and head and not PYTHON_TAG.startswith(head):
             self._mode = "calls" if head.startswith(("{", PYTHON_TAG)) else "content"
-        if self._mode == "content":
-            text, self._buf = self._buf, ""
-            return self._say(text)
-        return []
+        if self._mode != "content":
+            return []  # a call, held to the end, or what could still become one
+        text, self._buf = self._buf, ""
+        return self._say(text)
 
     def finish(self) -> list[Event]:
         text, self._buf = self._buf, ""
