@@ -72,7 +72,7 @@ async def with_gateway(url: str) -> float:
 
 def main() -> int:
     with run_children("turnstile-engine-client-") as children:
-        url = engine_server.start(children, [504, 3365, 2], 2, "hi") + "/generate"
+        url = engine_server.start(children, [504, 3365, 2], "hi") + "/generate"
         for rnd in range(3):
             hx, ah, gw = (uvloop.run(f(url)) for f in (with_httpx, with_aiohttp, with_gateway))
             print(

@@ -5,7 +5,7 @@ detokenises real text) over SGLang's `POST /generate`, with output logprobs, and
 `POST /v1/chat/completions`, with `logprobs.content` when asked. It parses every body, as
 a real server must, and does nothing else.
 
-    python -m bench.engine_server --port 18100 --ids 504,3365,... --text "..." --eos 2
+    python -m bench.engine_server --port 18100 --ids 504,3365,... --text "..."
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Sequence
 
 from aiohttp import web
 
@@ -27,27 +28,27 @@ ANSWER = (
 _rids = itertools.count()
 
 
-def answer_ids() -> tuple[list[int], int]:
+def answer_ids() -> list[int]:
     """The engine's answer as real SmolLM2 ids, ending in its stop token."""
     from gateway.inference.model_source import load_tokenizer, resolve_model_dir
 
     tok = load_tokenizer(resolve_model_dir())
-    eos = int(tok.eos_token_id)
-    return tok.encode(ANSWER, add_special_tokens=False)[:31] + [eos], eos
+    return tok.encode(ANSWER, add_special_tokens=False)[:31] + [int(tok.eos_token_id)]
 
 
 def start(
-    children: Children, ids: list[int], eos: int, text: str = ANSWER, prefix: tuple = ()
+    children: Children, ids: list[int] | None = None, text: str = ANSWER, prefix: Sequence[str] = ()
 ) -> str:
-    """This engine as a child of the run (`prefix`: e.g. a `taskset`); its URL, once ready."""
-    port = free_port()
+    """This engine as a child of the run, answering `ids` (by default ANSWER's) with the
+    last as the stop token (`prefix`: e.g. a `taskset`); its URL, once ready."""
+    ids, port = ids or answer_ids(), free_port()
     argv = [*prefix, sys.executable, "-m", "bench.engine_server", "--port", str(port),
-            "--ids", ",".join(map(str, ids)), "--text", text, "--eos", str(eos)]  # fmt: skip
+            "--ids", ",".join(map(str, ids)), "--text", text]  # fmt: skip
     children.start("engine", argv, f"http://127.0.0.1:{port}/health")
     return f"http://127.0.0.1:{port}"
 
 
-def make_app(ids: list[int], text: str, eos: int, context: int = 65536) -> web.Application:
+def make_app(ids: list[int], text: str) -> web.Application:
     logprobs = [-0.05 - (i % 7) * 0.01 for i in range(len(ids))]
     triples = [[lp, tok, None] for lp, tok in zip(logprobs, ids, strict=True)]
 
@@ -55,7 +56,7 @@ def make_app(ids: list[int], text: str, eos: int, context: int = 65536) -> web.A
         body = json.loads(await request.read())
         meta = {
             "id": f"bench{next(_rids)}",
-            "finish_reason": {"type": "stop", "matched": eos},
+            "finish_reason": {"type": "stop", "matched": ids[-1]},
             "prompt_tokens": len(body["input_ids"]),
             "weight_version": "0",
             "completion_tokens": len(ids),
@@ -88,7 +89,7 @@ def make_app(ids: list[int], text: str, eos: int, context: int = 65536) -> web.A
         return web.json_response(answer)
 
     async def info(_: web.Request) -> web.Response:
-        return web.json_response({"context_length": context, "weight_version": "0"})
+        return web.json_response({"context_length": 65536, "weight_version": "0"})
 
     app = web.Application(client_max_size=64 * 2**20)
     app.router.add_post("/generate", generate)
@@ -102,12 +103,11 @@ def make_app(ids: list[int], text: str, eos: int, context: int = 65536) -> web.A
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--ids", required=True, help="the answer's token ids, comma-separated")
+    ids = "the answer's token ids, comma-separated, the stop token last"
+    p.add_argument("--ids", required=True, help=ids)
     p.add_argument("--text", required=True, help="the answer's text")
-    p.add_argument("--eos", type=int, required=True, help="the stop token (last of --ids)")
     args = p.parse_args(argv)
-    ids = [int(x) for x in args.ids.split(",")]
-    app = make_app(ids, args.text, args.eos)
+    app = make_app([int(x) for x in args.ids.split(",")], args.text)
     web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 

@@ -31,7 +31,6 @@ from importlib import metadata
 from pathlib import Path
 
 from bench import engine_server
-from bench.engine_server import answer_ids
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
 from bench.procs import TURNSTILE, Child, Children, can_pin, free_port, run_children
 from bench.report import ROOT, arguments, cpu_name, section, table, write_section
@@ -289,7 +288,7 @@ class Bench:
 
     async def main(self) -> int:
         p_port, g_port = free_port(), free_port()
-        engine_url = engine_server.start(self.children, *answer_ids(), prefix=self.pin(1))
+        engine_url = engine_server.start(self.children, prefix=self.pin(1))
         if self.pinned:
             os.sched_setaffinity(0, {1})
         argv = [sys.executable, "-m", "bench.passthrough", "--port", str(p_port),

@@ -103,8 +103,7 @@ class Child:
             try:
                 self.popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                self.popen.send_signal(signal.SIGKILL)
-                self.popen.wait(timeout=30)
+                self.kill_hard()
         self._log.close()
 
 

@@ -118,7 +118,7 @@ async def main_async(args: argparse.Namespace) -> int:
         argv = [TURNSTILE, "serve", "--port", str(port), "--database", db,
                 "--admin-key", admin, "--engine", "fake"]  # fmt: skip
         if args.engine == "external":
-            url = engine_server.start(children, *engine_server.answer_ids())
+            url = engine_server.start(children)
             argv[-1:] = ["sglang", "--engine-url", url]  # instead of "fake"
         server = children.start("gateway", argv, f"http://127.0.0.1:{port}/healthz")
         url = f"http://127.0.0.1:{port}/v1"

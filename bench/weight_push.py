@@ -10,6 +10,7 @@ server (started with deploy/vllm/'s worker extension) behind an in-process gatew
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import statistics
 import tempfile
@@ -67,18 +68,12 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
             version = int(
                 http.get(weights, headers={"Authorization": auth}).json()["policy_version"]
             )
+            versions = itertools.count(version + 1)
             with WeightPush([url], admin_key) as pusher:
-                version += 1
-                first = pusher.push(version, state)
-
-                def push() -> None:
-                    nonlocal version
-                    version += 1
-                    pusher.push(version, state)
+                first = pusher.push(next(versions), state)
 
                 def disk() -> None:
-                    nonlocal version
-                    version += 1
+                    version = next(versions)
                     folder = work / f"v{version}"
                     t0 = time.perf_counter()
                     model.save_pretrained(folder, state_dict=state)
@@ -89,7 +84,8 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
                     ).raise_for_status()
                     shutil.rmtree(folder, ignore_errors=True)
 
-                med = medians(alternate({"push": push, "disk": disk}, rounds, warm_up=False))
+                steps = {"push": lambda: pusher.push(next(versions), state), "disk": disk}
+                med = medians(alternate(steps, rounds, warm_up=False))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
