@@ -69,16 +69,12 @@ class LevelResult:
     records: list[Record] = field(default_factory=list)
 
     @property
-    def requests(self) -> int:
-        return sum(self.statuses.values())
-
-    @property
     def ok(self) -> int:
         return self.statuses.get(200, 0)
 
     @property
     def failed(self) -> int:
-        return self.requests - self.ok
+        return sum(self.statuses.values()) - self.ok
 
     @property
     def rps(self) -> float:
