@@ -10,7 +10,7 @@ Answers: the prompt ends with `<|start|>assistant`, so an answer is messages
 `[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`
 (the recipient before the channel, as openai-harmony writes it, or after, as the model
 often does). `analysis` is reasoning; `final` (or a preamble to no one) is text; a
-message `to=` a tool is a call, passed whole to the tool parser as `<|start|>assistant`
+message `to=` a tool is a call, passed on to the tool parser as `<|start|>assistant`
 + header + `<|message|>` + body + `<|call|>`. A call to anything but a function, or
 with arguments that are not a JSON object, comes back as text and is counted.
 """
@@ -229,9 +229,7 @@ class HarmonyReasoningParser(ReasoningParser):
         super().__init__(prompt_text)
         self._state = _HEADER
         self._buf = ""
-        self._header = ""
         self._kind = ""  # reasoning | content | call
-        self._call_body = ""
         self._after_start = False  # the header being read followed a `<|start|>`
 
     def feed(self, text: str) -> list[Event]:
@@ -247,8 +245,9 @@ class HarmonyReasoningParser(ReasoningParser):
                 kind = (
                     "call" if _RECIPIENT.search(header) else "reasoning" if analysis else "content"
                 )
-                self._header, self._kind, self._call_body = header, kind, ""
-                self._buf, self._state = rest, _BODY
+                if kind == "call":  # the tool parser's block opens
+                    events += self._say(CALL_OPEN + header.removeprefix("assistant") + MESSAGE)
+                self._kind, self._buf, self._state = kind, rest, _BODY
             elif self._state == _BODY:
                 body, marker, self._buf = scan(self._buf, _ENDS)
                 events += self._body(body)
@@ -274,16 +273,10 @@ class HarmonyReasoningParser(ReasoningParser):
         return self._say(text)
 
     def _body(self, text: str) -> list[Event]:
-        if self._kind == "call":
-            self._call_body += text
-            return []
         return self._reason(text) if self._kind == "reasoning" else self._say(text)
 
     def _close(self) -> list[Event]:
-        if self._kind != "call":
-            return []
-        header = self._header.removeprefix("assistant")
-        return self._say(CALL_OPEN + header + MESSAGE + self._call_body + CALL)
+        return self._say(CALL) if self._kind == "call" else []
 
 
 register_family(
