@@ -22,7 +22,7 @@ import platform
 import secrets
 import shutil
 import signal
-import sqlite3
+import statistics
 import subprocess
 import sys
 from collections.abc import Awaitable
@@ -130,27 +130,25 @@ def machine() -> str:
 def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
     """Mean bytes stored per session, and mean bytes of its final conversation (the last
     turn's prompt + output ids, 4 bytes each, and its request's JSON, rebuilt whole)."""
-    from sqlalchemy import create_engine
+    import sqlalchemy as sa
 
     from gateway.store.repository import Repository
 
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    repo = Repository(create_engine(f"sqlite:///{db}"))
-    stored, final = [], []
-    for sid in sessions:
-        rows = con.execute(
-            "SELECT length(request) + length(response) + length(prompt_ids) + length(output_ids)"
-            " + length(output_logprobs) + length(output_versions)"
-            " FROM completions WHERE session_id = ?", (sid,),
-        ).fetchall()  # fmt: skip
-        if rows and sid is not None:
-            stored.append(sum(r[0] for r in rows))
-            last = repo.completions(sid)[-1]
-            ids = len(last["prompt_ids"]) + len(last["output_ids"])
-            final.append(4 * ids + len(json.dumps(last["request"])))
-    con.close()
+    repo = Repository(sa.create_engine(f"sqlite:///{db}"))
+    with repo.engine.connect() as conn:
+        per_session = dict(conn.execute(sa.text(
+            "SELECT session_id, sum(length(request) + length(response) + length(prompt_ids)"
+            " + length(output_ids) + length(output_logprobs) + length(output_versions))"
+            " FROM completions GROUP BY session_id"
+        )).all())  # fmt: skip
+    ours = [sid for sid in sessions if sid is not None and sid in per_session]
+    final = []
+    for sid in ours:
+        last = repo.completions(sid)[-1]
+        ids = len(last["prompt_ids"]) + len(last["output_ids"])
+        final.append(4 * ids + len(json.dumps(last["request"])))
     repo.engine.dispose()
-    return sum(stored) / max(1, len(stored)), sum(final) / max(1, len(final))
+    return statistics.fmean(per_session[sid] for sid in ours), statistics.fmean(final)
 
 
 def profile_table(raw: Path) -> list[str]:
