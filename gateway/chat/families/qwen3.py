@@ -57,7 +57,7 @@ class ThinkReasoningParser(ReasoningParser):
                     break
                 self._state, self._held_nl, self._lead = _CONTENT, "", True
             else:
-                events += self._content_text(self._buf)
+                events += self._say(self._unlead(self._buf))
                 self._buf = ""
         return events
 
@@ -66,7 +66,7 @@ class ThinkReasoningParser(ReasoningParser):
         if self._state == _REASONING:
             return self._reasoning_text(text)
         self._lead = self._lead and self._state == _CONTENT
-        return self._content_text(text)
+        return self._say(self._unlead(text))
 
     def _unlead(self, text: str) -> str:
         if self._lead:
@@ -79,9 +79,6 @@ class ThinkReasoningParser(ReasoningParser):
         body = text.rstrip("\n")
         self._held_nl = text[len(body) :]
         return self._reason(body)
-
-    def _content_text(self, text: str) -> list[Event]:
-        return self._say(self._unlead(text))
 
 
 register_family(
