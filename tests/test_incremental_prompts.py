@@ -161,7 +161,7 @@ def test_normalised_messages_are_kept_per_history_and_bounded() -> None:
     from gateway.chat.template_traits import TemplateTraits
 
     traits = TemplateTraits(False, True, True, True, False)
-    memo = NormalizedMessages(traits, histories=8)
+    memo = NormalizedMessages(lambda m: normalize_message(m, traits), histories=8)
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     plain = [{"role": "user", "content": f"q{i}"} for i in range(3)]
     plain.append({"role": "assistant", "content": "", "tool_calls": [call]})
