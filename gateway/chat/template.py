@@ -168,9 +168,8 @@ class ChatRenderer:
             # their format is parsed; for the others the gateway writes them into the
             # messages (tools.py), asking for its tool prompt's format.
             self.traits = TemplateTraits.of(template)
-            knows_tools = self.traits.tools or self.traits.tool_calls
             self.tool_parser = PROMPT_TOOL_PARSER
-            if knows_tools:
+            if self.traits.tools or self.traits.tool_calls:
                 self.tool_parser = families.detect_tool_parser(template, PROMPT_TOOL_PARSER)
             self.reasoning_parser = families.detect_reasoning_parser(template)
             # compiled once (jinja_env.py), rendered straight on normalised messages:
