@@ -69,10 +69,6 @@ class TextPrefix:
     parts: tuple[str, ...]  # the prompt's text, then the output's (the last part)
     source: RenderSource | None = None  # what the prompt was rendered from
 
-    @property
-    def output(self) -> str:
-        return self.parts[-1]
-
     def starts(self, text: str) -> bool:
         at = 0
         for part in self.parts:
@@ -260,9 +256,10 @@ class ChatRenderer:
             window = self._render_normalized([first, *later], source.tools, source.tool_choice)
         except Exception:  # a template that refuses a history this short: render it all
             return None
-        if not (window.startswith(head) and window.startswith(prefix.output, len(head))):
+        answer = prefix.parts[-1]  # the output's text
+        if not (window.startswith(head) and window.startswith(answer, len(head))):
             return None
-        return window[len(head) + len(prefix.output) :] or None
+        return window[len(head) + len(answer) :] or None
 
     def render_token_exact(
         self,
