@@ -45,20 +45,6 @@ def forced_tool(tool_choice: Any) -> str | None:
     return None
 
 
-def tools_system_prompt(
-    tools: list[dict[str, Any]], tool_choice: Any = None, call_format: str | None = None
-) -> str:
-    """`call_format`: how the model writes one call (None: the Hermes form)."""
-    footer = _FOOTER if call_format is None else _OTHER_FOOTER + call_format
-    text = _HEADER + json.dumps(tools, ensure_ascii=False) + footer
-    forced = forced_tool(tool_choice)
-    if forced:
-        text += f"\n\nYou must call the function `{forced}`."
-    elif tool_choice == "required":
-        text += "\n\nYou must call at least one function."
-    return text
-
-
 def inline_tools(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -67,7 +53,8 @@ def inline_tools(
     inline_calls: bool = True,
 ) -> list[dict[str, Any]]:
     """Normalised messages -> messages a tool-less template renders faithfully
-    (`inline_calls=False`: it writes earlier calls itself, as DeepSeek V3's does)."""
+    (`inline_calls=False`: it writes earlier calls itself, as DeepSeek V3's does).
+    `call_format`: how the model writes one call (None: the Hermes form)."""
     out = []
     for m in messages:
         if inline_calls and m.get("tool_calls"):  # as the model was asked to write them
@@ -79,10 +66,15 @@ def inline_tools(
             m = {**m, "content": f"{content}\n{calls}" if content else calls}
         out.append(m)
     if tools:
-        block = tools_system_prompt(tools, tool_choice, call_format)
+        footer = _FOOTER if call_format is None else _OTHER_FOOTER + call_format
+        block = _HEADER + json.dumps(tools, ensure_ascii=False) + footer
+        forced = forced_tool(tool_choice)
+        if forced:
+            block += f"\n\nYou must call the function `{forced}`."
+        elif tool_choice == "required":
+            block += "\n\nYou must call at least one function."
         if out and out[0]["role"] == "system":
-            first = out[0]
-            out[0] = {**first, "content": f"{first['content']}\n\n{block}"}
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}"}
         else:
             out.insert(0, {"role": "system", "content": block})
     return out
