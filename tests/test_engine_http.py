@@ -183,3 +183,32 @@ def test_a_reply_cut_short_garbage_or_a_stall_is_an_engine_error_and_the_next_wo
             await engine.close()
 
     run(main())
+
+
+def test_a_control_call_whose_connection_breaks_is_sent_again() -> None:
+    """A weight update's pause once failed on a kept-alive connection vLLM closed (idle 5 s)
+    as it was reused: control calls (pause, load, resume) are sent again once."""
+    broken = []
+
+    async def drop_first_control(head: bytes, body: bytes, w: asyncio.StreamWriter) -> bool:
+        if head.startswith(b"POST /pause") and not broken:
+            broken.append(head)
+            return False  # closed without an answer
+        if head.startswith(b"POST /pause"):
+            w.write(ok(b'{"paused": true}'))
+            await w.drain()
+            return True
+        return await answer(head, body, w)
+
+    async def main() -> None:
+        server = RawServer(drop_first_control)
+        async with server as url:
+            engine = SGLangEngine(url, ServerOptions(max_context=4096))
+            await engine.start()
+            assert await engine.control(url, "/pause") == {"paused": True}
+            assert len(broken) == 1 and len(server.requests) >= 2
+            result = await engine.generate(PROMPT, SamplingParams(4))
+            assert result.output_ids == [7, 8]  # and the engine goes on serving
+            await engine.close()
+
+    run(main())

@@ -57,6 +57,10 @@ Loader = Callable[[str, int, bool], Awaitable[str | None]]
 Body = bytes | tuple[bytes | memoryview, ...]
 # What a request that gets no answer raises: aiohttp's errors, and its timeouts
 HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
+KEEPALIVE_S = 3.0  # below the servers' own idle limit (uvicorn's 5 s)
+# the connection broke before an answer: a control call (pause, load, resume) is safe
+# to send again
+UNSENT = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
 
 
 class ServerUnreachable(EngineError):
@@ -142,7 +146,11 @@ def open_session(options: ServerOptions) -> aiohttp.ClientSession:
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=options.max_connections),
+        # uvicorn (vLLM's and SGLang's servers) closes a connection idle for 5 s: one
+        # reused just as it closes cannot take the request, so ours are dropped sooner
+        connector=aiohttp.TCPConnector(
+            limit=options.max_connections, keepalive_timeout=KEEPALIVE_S
+        ),
         headers=headers,
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
         cookie_jar=aiohttp.DummyCookieJar(),
@@ -370,11 +378,16 @@ class RemoteEngine(InferenceEngine):
         timeout = aiohttp.ClientTimeout(
             self.options.update_timeout_s, connect=self.options.connect_timeout_s
         )
-        try:
-            async with self._client.post(f"{url}{path}", data=payload, timeout=timeout) as r:
-                status, content = r.status, await r.read()
-        except HTTP_ERRORS as exc:
-            raise ControlFailed(f"{url}{path}: {describe(exc)}") from exc
+        for attempt in (1, 2):
+            try:
+                async with self._client.post(f"{url}{path}", data=payload, timeout=timeout) as r:
+                    status, content = r.status, await r.read()
+                break
+            except UNSENT as exc:  # e.g. a kept-alive connection closed as it was reused
+                if attempt == 2:
+                    raise ControlFailed(f"{url}{path}: {describe(exc)}") from exc
+            except HTTP_ERRORS as exc:
+                raise ControlFailed(f"{url}{path}: {describe(exc)}") from exc
         if status != 200:
             message = error_message(content)
             hint = self._hint(status, message)
