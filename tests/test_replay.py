@@ -101,3 +101,26 @@ def test_a_retry_gets_the_original_answer(gateway_factory, new_session, path, st
         return
     assert retry.headers["content-type"].startswith("text/event-stream")
     assert answer_of(path, retry.text) == answer_of(path, first.text)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_retry_of_an_echoed_completion_echoes_its_prompts(gateway_factory, new_session, stream):
+    """`echo` puts each prompt before its answers; the retry's replay does too."""
+    gw = gateway_factory()
+    _, key = new_session(gw)
+    gw.engine.script(*["Hi!"] * 4)
+    body = {"model": "default", "prompt": ["Say hi.", "Say bye."], "n": 2, "echo": True}
+    body["stream"] = stream
+    url = f"{gw.url}/completions"
+    with http_client() as http:
+        first = http.post(url, headers=bearer(key), json=body)
+        retry = http.post(url, headers={**bearer(key), "x-stainless-retry-count": "1"}, json=body)
+    assert first.status_code == retry.status_code == 200
+    assert len(gw.engine.calls) == 4  # the retry generated nothing
+    if stream:
+        texts = {i: p["text"] for i, p in answer_of("completions", retry.text).items()}
+        assert texts == {i: p["text"] for i, p in answer_of("completions", first.text).items()}
+    else:
+        texts = {c["index"]: c["text"] for c in retry.json()["choices"]}
+        assert texts == {c["index"]: c["text"] for c in first.json()["choices"]}
+    assert texts == {0: "Say hi.Hi!", 1: "Say hi.Hi!", 2: "Say bye.Hi!", 3: "Say bye.Hi!"}

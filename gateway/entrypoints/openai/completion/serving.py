@@ -112,29 +112,39 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
         req: CompletionRequest = p.req
         outs = sorted((a.out for a in answers), key=lambda o: o.index)
+        echoed = self.echoed(req, p)
         choices = []
         for o in outs:
-            text = o.text
-            if req.echo:
-                text = self.tokenizer.decode(p.turns[o.index // req.n].prompt_ids) + text
             lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, o.top_logprobs)
-            choices.append(choice(o.index, text, o.finish_reason, lp))
+            choices.append(choice(o.index, echoed[o.index // req.n] + o.text, o.finish_reason, lp))
         prompt_tokens = sum(len(t.prompt_ids) for t in p.turns)
         completion_tokens = sum(len(o.output_ids) for o in outs)
         return body(
             req, p.context["id"], choices=choices, usage=usage(prompt_tokens, completion_tokens)
         )
 
-    def stream_start(self, p: Prepared) -> list[bytes]:
-        req: CompletionRequest = p.req
+    def echoed(self, req: CompletionRequest, p: Prepared | None = None) -> list[str]:
+        """What `echo` puts before each prompt's answers: its tokens decoded ("" without
+        echo). A retry (no `p`) tokenises its body again: the original's, unchanged."""
+        if not req.echo:
+            return [""] * len(req.prompts())
+        ids = [t.prompt_ids for t in p.turns] if p else [self._prompt(x).ids for x in req.prompts()]
+        return [self.tokenizer.decode(i) for i in ids]
+
+    def echo_frames(
+        self, req: CompletionRequest, cid: str, p: Prepared | None = None
+    ) -> list[bytes]:
+        """A stream's first frames with `echo`: each choice's prompt text."""
         if not req.echo:
             return []
-        frames = []
-        for k, turn in enumerate(p.turns):
-            text = self.tokenizer.decode(turn.prompt_ids)
-            for i in range(req.n):
-                frames.append(chunk(req, p.context["id"], choice(k * req.n + i, text, None)))
-        return frames
+        return [
+            chunk(req, cid, choice(k * req.n + i, text, None))
+            for k, text in enumerate(self.echoed(req, p))
+            for i in range(req.n)
+        ]
+
+    def stream_start(self, p: Prepared) -> list[bytes]:
+        return self.echo_frames(p.req, p.context["id"], p)
 
     def stream_end(self, p: Prepared, answers: list[Answer]) -> list[bytes]:
         req: CompletionRequest = p.req
@@ -146,11 +156,12 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         return [*frames, SSE_DONE]
 
     def replay_body(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
+        echoed = self.echoed(req)
         choices = []
         for a in map(recorded_answer, rows):
             o = a.out
             lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, None)
-            choices.append(choice(o.index, o.text, o.finish_reason, lp))
+            choices.append(choice(o.index, echoed[o.index // req.n] + o.text, o.finish_reason, lp))
         # each prompt's tokens once: its first choice's
         prompt_tokens = sum(r["prompt_tokens"] for r in rows if r["choice_index"] % req.n == 0)
         completion_tokens = sum(len(r["output_ids"]) for r in rows)
@@ -159,15 +170,16 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         )
 
     def replay_frames(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
+        cid = rows[0]["id"]
         frames = [
             chunk(
                 req,
-                rows[0]["id"],
+                cid,
                 choice(r["choice_index"], r["response"].get("text", ""), r["finish_reason"]),
             )
             for r in rows
         ]
-        return [*frames, SSE_DONE]
+        return [*self.echo_frames(req, cid), *frames, SSE_DONE]
 
 
 def chunk(req: CompletionRequest, cid: str, one: Any) -> bytes:
