@@ -57,7 +57,8 @@ def answer_of(path: str, text: str) -> Any:
         names = [name for name, _ in events]
         done = [d["item"] for n, d in events if n == "response.output_item.done"]
         final = events[-1][1]["response"]
-        return names, [{k: v for k, v in i.items() if k != "id"} for i in done], final
+        assert [i["id"] for i in done] == [i["id"] for i in final["output"]]
+        return names, done, final  # (the retry's items keep the original's ids)
     frames = [f.removeprefix("data: ") for f in text.split("\n\n") if f]
     assert frames.pop() == "[DONE]"
     parts: dict[int, dict[str, Any]] = {}

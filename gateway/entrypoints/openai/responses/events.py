@@ -8,6 +8,7 @@ answered at the end names the same items the stream announced.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from gateway.chat.events import ToolCall
@@ -36,6 +37,8 @@ class ResponseChoice(BlockChoice):
         self.start = start
         self.seq = 0
         self.item_id = ""  # the open item's
+        # a client retry's replay: the recorded items' ids, for the items it opens again
+        self.recorded_ids: Iterator[str] = iter(())
 
     def _frame(self, type: str, **fields: Any) -> bytes:
         if not self.emit:
@@ -63,11 +66,15 @@ class ResponseChoice(BlockChoice):
     def empty(self) -> list[bytes]:
         return self.write("text", "")  # an empty answer is one empty message
 
+    def _new_item(self, prefix: str) -> str:
+        self.item_id = next(self.recorded_ids, None) or f"{prefix}_{uuid.uuid4().hex}"
+        return self.item_id
+
     def opened(self, kind: str) -> list[bytes]:
         if kind == "reasoning":
-            self.item_id = f"rs_{uuid.uuid4().hex}"
+            self._new_item("rs")
             return [self._item("added", reasoning_item("", self.item_id, done=False))]
-        self.item_id = f"msg_{uuid.uuid4().hex}"
+        self._new_item("msg")
         return [
             self._item("added", message_item("", self.item_id, done=False)),
             self._in_item("response.content_part.added", content_index=0, part=text_part("")),
@@ -92,8 +99,8 @@ class ResponseChoice(BlockChoice):
             ]
         return item, [*frames, self._item("done", item)]
 
-    def tool_call(self, call: ToolCall, item_id: str | None = None) -> list[bytes]:
-        self.item_id = item_id or f"fc_{uuid.uuid4().hex}"
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        self._new_item("fc")
         item = call_item(call, self.item_id)
         frames = [
             self._item("added", call_item(call, self.item_id, done=False)),

@@ -100,6 +100,7 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
     def replay_frames(self, req: ResponsesRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         response = rows[0]["response"]
         choice = ResponseChoice({**response, "status": "in_progress", "output": []})
+        choice.recorded_ids = iter([item["id"] for item in response["output"]])
         frames = choice.started()
         for item in response["output"]:
             if item["type"] == "message":
@@ -110,5 +111,5 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
                 frames += choice.write("reasoning", text) + choice.close()
             elif item["type"] == "function_call":
                 call = ToolCall(item["call_id"], item["name"], item["arguments"])
-                frames += choice.tool_call(call, item["id"])
+                frames += choice.tool_call(call)
         return frames + choice.done(recorded_answer(rows[0]))
