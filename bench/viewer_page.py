@@ -44,7 +44,7 @@ def long_session(seed: int = 0) -> list[dict[str, Any]]:
 def main() -> None:
     texts = TokenTexts(load_tokenizer(resolve_model_dir(None)))
     comps = long_session()
-    info = SimpleNamespace(id="sess-bench", meta={}, history=None)
+    info = SimpleNamespace(id="sess-bench", meta={}, prompt_mode=None)
     print(f"{TURNS} turns, {len(comps[-1]['prompt_ids']) + OUTPUT} tokens at the end")
     for label, style in (("cold", "individual"), ("warm", "individual"), ("warm", "concat")):
         t0 = time.perf_counter()

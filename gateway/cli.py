@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from gateway.config import HISTORY_MODES, GatewayConfig
+from gateway.config import PROMPT_MODES, GatewayConfig
 
 
 # choices a flag takes, from the registries (loaded only when the parser is built)
@@ -29,8 +29,8 @@ def _choices(name: str) -> list[str] | None:
         from gateway.chat.families import REASONING_PARSERS
 
         return ["auto", "none", *sorted(REASONING_PARSERS)]
-    if name == "history":
-        return list(HISTORY_MODES)
+    if name == "prompt_mode":
+        return list(PROMPT_MODES)
     return None
 
 
@@ -38,7 +38,8 @@ SERVE_DEFAULTS = {"port": 8000, "database": "turnstile.db"}  # `serve` is a long
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """One flag per GatewayConfig field, with the field's help."""
+    """One flag per GatewayConfig field, with the field's help (and its former name's
+    flag as a second spelling)."""
     defaults = GatewayConfig()
     for f in fields(GatewayConfig):
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
@@ -50,7 +51,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
             kwargs.update(type=type(default), default=default)
         else:
             kwargs.update(default=default)
-        p.add_argument(flag, **kwargs)
+        old = f.metadata.get("old")
+        p.add_argument(flag, *(["--" + old.replace("_", "-")] if old else []), **kwargs)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -9,19 +9,28 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-# how a turn's prompt is built from the earlier turn it continues (GatewayConfig.history)
-HISTORY_MODES = ("template", "token_exact")
+# how a turn's prompt is built from the earlier turn it continues (GatewayConfig.prompt_mode)
+PROMPT_MODES = ("template", "token_exact")
 
 
-def setting(default: Any, help: str, *, flag: str | None = None, shown: str | None = None) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    shown: str | None = None,
+    old: str | None = None,
+) -> Any:
     """A config field: its default, what it means (shown by `--help`, `turnstile train
-    --help-config` and docs/training.md), its CLI flag when not --<name>, and how to show a
-    default computed at start-up (`shown`, e.g. from an environment variable).
+    --help-config` and docs/training.md), its CLI flag when not --<name>, how to show a
+    default computed at start-up (`shown`, e.g. from an environment variable), and the
+    name it had before (`old`: still read as a YAML key and a CLI flag, so that what
+    users wrote keeps working).
 
     A list or dict default is copied for each instance; a callable (a section's class, a
     function) is called for each.
     """
-    meta = {"help": help, "flag": flag, "shown": shown}
+    meta = {"help": help, "flag": flag, "shown": shown, "old": old}
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     if callable(default):
@@ -162,13 +171,14 @@ class GatewayConfig:
         "reasoning format to parse (gateway/chat/families); auto: from the template; "
         "none: no reasoning is split off",
     )
-    history: str = setting(
+    prompt_mode: str = setting(
         "template",
         "how a turn's prompt is built from an earlier turn it continues: template (the "
         "chat template renders the whole conversation, as the model was trained) or "
         "token_exact (the earlier turn's prompt + output ids, then only the new messages "
         "rendered: every turn extends the last, but the model sees what its template "
         "would hide, e.g. earlier reasoning); a session may choose its own",
+        old="history",
     )
     run_dirs: list[str] = setting(
         [],

@@ -106,7 +106,7 @@ def test_stream_sends_the_full_event_sequence(fake_gateway, new_session, http):
 
 
 @pytest.mark.parametrize(
-    ("stream", "history", "call_text"),
+    ("stream", "prompt_mode", "call_text"),
     [
         (False, "template", CALL_TEXT),
         (True, "template", CALL_TEXT),
@@ -116,14 +116,14 @@ def test_stream_sends_the_full_event_sequence(fake_gateway, new_session, http):
     ids=["whole", "streamed", "whole-token_exact", "streamed-token_exact"],
 )
 def test_tool_round_trip_continues_the_generated_tokens(
-    fake_gateway, new_session, http, tokenizer, stream, history, call_text
+    fake_gateway, new_session, http, tokenizer, stream, prompt_mode, call_text
 ):
     """The client sends the tool input back re-serialised (Claude Code re-dumps it: key
     order, `120000.0` -> `120000`, escapes): the next turn is still found to continue
     the answer, by its tool_use id, and its prompt continues the exact tokens generated
-    (token_exact history: whatever the model wrote; template history: where the
+    (token_exact prompts: whatever the model wrote; template prompts: where the
     template writes the call as the model did)."""
-    session_id, key = new_session(fake_gateway, history=history)
+    session_id, key = new_session(fake_gateway, prompt_mode=prompt_mode)
     fake_gateway.engine.script(call_text, "It lists one file.")
     body = {"model": "m", "max_tokens": 200, "messages": QUESTION, "tools": [BASH]}
     if stream:

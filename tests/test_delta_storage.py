@@ -155,9 +155,9 @@ def _gateway(tokenizer: Any, db: Path | str, admin_key: str) -> BackgroundGatewa
 
 
 # Keys the session read gained after the fixture was written (issue 10: the session's
-# `history` mode, per-completion `diagnostics`, parse-failure and drift counts; issue 11:
+# prompt mode, now `prompt_mode`, per-completion `diagnostics`, parse-failure and drift counts; issue 11:
 # `side_request`; issue 12: `quotas`). Only these may differ; everything that was there must read back exactly.
-LATER_SESSION_KEYS = {"history", "quotas"}
+LATER_SESSION_KEYS = {"prompt_mode", "quotas"}
 LATER_COMPLETION_KEYS = {"diagnostics", "side_request"}
 LATER_STATS_KEYS = {"tool_parse_failures", "drift_causes", "prompt_drift"}
 

@@ -472,22 +472,24 @@ def export_concat(gw: BackgroundGateway, session_id: str, key: str, ids: list[st
 
 @QWEN3_ONLY
 @pytest.mark.parametrize("where", ["session", "gateway"])
-def test_token_exact_history_never_drifts(family, family_gateway, new_session, where):
-    """`history: token_exact` (a session's choice, or the gateway's): every turn's prompt
+def test_token_exact_prompts_never_drift(family, family_gateway, new_session, where):
+    """`prompt_mode: token_exact` (a session's choice, or the gateway's): every turn's prompt
     is its parent's prompt + output ids, then only the new messages, so the reasoning
     Qwen3's template would drop stays and the session is one concat sample."""
-    gw = family_gateway(**({"history": "token_exact"} if where == "gateway" else {}))
-    session_id, key = new_session(gw, **({"history": "token_exact"} if where == "session" else {}))
+    gw = family_gateway(**({"prompt_mode": "token_exact"} if where == "gateway" else {}))
+    chosen = {"prompt_mode": "token_exact"} if where == "session" else {}
+    session_id, key = new_session(gw, **chosen)
     ids = three_turn_session(family, gw, key)
     recs = [completion_record(gw, session_id, i) for i in ids]
-    assert [r["diagnostics"]["history"] for r in recs] == ["template", "token_exact", "token_exact"]
+    modes = [r["diagnostics"]["prompt_mode"] for r in recs]
+    assert modes == ["template", "token_exact", "token_exact"]
     for parent, child in zip(recs, recs[1:], strict=False):
         assert child["parent_id"] == parent["id"]
         before = parent["prompt_ids"] + parent["output_ids"]
         assert child["prompt_ids"][: len(before)] == before
         assert child["tokens_continue_parent"] is True
         assert "drift" not in child["diagnostics"]
-        assert "history_fallback" not in child["diagnostics"]
+        assert "prompt_mode_fallback" not in child["diagnostics"]
     tok = family_tokenizer(family.name)
     third = tok.decode(recs[2]["prompt_ids"], skip_special_tokens=False)
     assert "<think>\nThe tool said 22 C.\n</think>" in third  # what the template hides
@@ -502,20 +504,20 @@ def test_token_exact_history_never_drifts(family, family_gateway, new_session, w
 
 
 @QWEN3_ONLY
-def test_template_history_is_the_default_and_recorded_nowhere(family, family_gateway, new_session):
+def test_template_prompts_are_the_default_and_recorded_nowhere(family, family_gateway, new_session):
     gw = family_gateway()
     session_id, key = new_session(gw)
-    assert read_session(gw, session_id)["history"] is None  # the gateway's default
+    assert read_session(gw, session_id)["prompt_mode"] is None  # the gateway's default
     ids = three_turn_session(family, gw, key)
     recs = [completion_record(gw, session_id, i) for i in ids]
-    assert all("history" not in r["diagnostics"] for r in recs)
+    assert all("prompt_mode" not in r["diagnostics"] for r in recs)
     assert len(export_concat(gw, session_id, key, ids)) == 2  # the drift splits it
 
 
 @QWEN3_ONLY
-def test_a_session_may_choose_template_history(family, family_gateway, new_session):
-    gw = family_gateway(history="token_exact")
-    session_id, key = new_session(gw, history="template")
+def test_a_session_may_choose_template_prompts(family, family_gateway, new_session):
+    gw = family_gateway(prompt_mode="token_exact")
+    session_id, key = new_session(gw, prompt_mode="template")
     ids = three_turn_session(family, gw, key)
     third = completion_record(gw, session_id, ids[2])
     assert third["diagnostics"]["drift"]["cause"] == "reasoning_dropped"
@@ -590,7 +592,7 @@ def test_token_exact_with_harmony():
     answer = {"role": "assistant", "content": "", "reasoning_content": "Ask.", "tool_calls": [call]}
     messages = [*QUESTION, answer, {"role": "tool", "tool_call_id": "c1", "content": "22 C"}]
     second = renderer.render_token_exact(messages, 3, (first.ids, out1), TOOLS)
-    assert second.history == "token_exact"
+    assert second.prompt_mode == "token_exact"
     assert second.text == (
         "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>22 C"
         "<|end|><|start|>assistant"

@@ -414,7 +414,7 @@ def test_a_replayed_chat_history_links_to_no_turn_of_the_other_session(
     reasoning (which B never saw) into B's prompt."""
     gw, b_gw = replicas(qwen3_gateway, replica)
     a_id, a_key = new_session(gw)
-    b_id, b_key = new_session(gw, history="token_exact")
+    b_id, b_key = new_session(gw, prompt_mode="token_exact")
     question = [{"role": "user", "content": "Weather? value:SECRETA"}]
     gw.engine.script("<think>\nA-THOUGHT\n</think>\n\n" + call_text("SECRETA"))
     first = chat(http, gw, a_key, question)

@@ -6,7 +6,7 @@ ids + the encoding of only the text rendered after them, when the render provabl
 starts with the parent's text and the parent's output ended in a special token (never
 merged with what follows); else a full encode, counted as a fallback.
 
-Token-exact history (`history: token_exact`): always the parent's ids + the render of
+Token-exact prompts (`prompt_mode: token_exact`): always the parent's ids + the render of
 only the messages after its answer, even where the template renders that answer
 differently (Qwen3's drops earlier reasoning); found by rendering the answer replaced
 by a marker, else the template's prompt (a fallback, with its reason).
@@ -86,7 +86,7 @@ class Rendered:
     ids: list[int]
     text: str  # the rendered text the ids end with (token_exact, windowed: only the new)
     incremental: bool  # built on the parent's ids (False: a full encode)
-    history: str = "template"  # what built it: template | token_exact
+    prompt_mode: str = "template"  # what built it: template | token_exact
     fallback: str | None = None  # why token_exact was asked for and not possible
     parts: tuple[str, ...] = ()  # the whole prompt's text, in parts (template renders)
     source: RenderSource | None = None  # what it is the render of (template renders)
@@ -94,7 +94,7 @@ class Rendered:
     @property
     def continues(self) -> bool:
         """Built on the parent's prompt + output ids (so it continues them by construction)."""
-        return self.incremental or self.history == "token_exact"
+        return self.incremental or self.prompt_mode == "token_exact"
 
 
 # the parent's answer's stand-in: private-use characters no template or message holds
@@ -296,7 +296,7 @@ class ChatRenderer:
         if not full.endswith(tail):  # the new messages render differently in context
             return fallback("template_mismatch")
         ids = TokenIds.joined(prompt_ids, output_ids, self.encode(tail))
-        return Rendered(ids, tail, False, history="token_exact")
+        return Rendered(ids, tail, False, prompt_mode="token_exact")
 
     def text_prefix(self, prompt: Rendered, output_ids: list[int]) -> TextPrefix | None:
         """The prefix a child's render must start with, or None when no child can safely

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from gateway.samples.sample import Sample
 
@@ -39,8 +39,11 @@ class CreateSessionRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     # forced on every request of the session, whatever the agent asks (e.g. greedy eval)
     sampling: SessionSampling | None = None
-    # how its turns' prompts are built (see GatewayConfig.history); none: the gateway's
-    history: Literal["template", "token_exact"] | None = None
+    # how its turns' prompts are built (see GatewayConfig.prompt_mode); none: the
+    # gateway's. `history`, its former name, is still read
+    prompt_mode: Literal["template", "token_exact"] | None = Field(
+        default=None, validation_alias=AliasChoices("prompt_mode", "history")
+    )
     quotas: SessionQuotas | None = None
 
 
@@ -63,7 +66,7 @@ class SessionView(BaseModel):
     status: Literal["active", "ended", "expired"]
     metadata: dict[str, Any]
     sampling: dict[str, Any] | None
-    history: str | None
+    prompt_mode: str | None
     quotas: QuotaUsage
 
 

@@ -37,7 +37,7 @@ def _session_view(info: SessionInfo, usage: Usage) -> dict[str, Any]:
         "status": "ended" if info.ended else ("expired" if info.expired() else "active"),
         "metadata": info.meta,
         "sampling": info.sampling,
-        "history": info.history,
+        "prompt_mode": info.prompt_mode,
         "quotas": usage.view(info.quotas),
     }
 
@@ -83,7 +83,7 @@ async def create_session(
     ttl = min(body.ttl_seconds, state.config.session_ttl_s)
     terms = SessionTerms(
         sampling=body.sampling.model_dump(exclude_none=True) if body.sampling else None,
-        history=body.history,
+        prompt_mode=body.prompt_mode,
         quotas=body.quotas.model_dump(exclude_none=True) if body.quotas else None,
     )
     info = await run_in_threadpool(

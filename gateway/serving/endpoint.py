@@ -2,7 +2,7 @@
 
 A request goes through three stages, each calling only forward:
 
-1. prompt (serving/prompt.py): link to the turn it continues, render, history;
+1. prompt (serving/prompt.py): link to the turn it continues, render, prompt mode;
 2. generate (serving/generate.py): the engine call under a deadline, decoding;
 3. record (serving/record.py): the durable record; a client retry is answered from the
    original's, and an original still in flight is waited for.

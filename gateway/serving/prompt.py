@@ -1,11 +1,11 @@
-"""Stage 1 of a request, the prompt: link, render, history.
+"""Stage 1 of a request, the prompt: link, render, prompt mode.
 
 - link: which earlier turn the request continues (its conversation hash, resumed from
   the parent's where the request repeats it; answers this process gave are kept in
   memory, the rest asked of the store);
 - render: the prompt ids, with the model's chat template, on the parent's tokens where
   the render provably continues them; where it does not, why (drift);
-- history: how the session builds prompts (`template`, or `token_exact`: the parent's
+- prompt mode: how the session builds prompts (`template`, or `token_exact`: the parent's
   ids + only the new messages).
 
 Its result is a `Prompt`. Once a choice is recorded, `remember` keeps its answer for
@@ -23,7 +23,7 @@ from gateway.chat.drift import drift
 from gateway.chat.families import make_tool_parser
 from gateway.chat.linking import ConversationHash, answer_positions, framed, last_answer
 from gateway.chat.template import ChatRenderer, Rendered
-from gateway.config import HISTORY_MODES, GatewayConfig
+from gateway.config import PROMPT_MODES, GatewayConfig
 from gateway.errors import APIError
 from gateway.lru import LRU
 from gateway.metrics import Metrics
@@ -48,9 +48,9 @@ class Prompts:
         """`tool_parser`: the model's tool-call format (a parent's calls explain drift)."""
         self.renderer, self.repo, self.metrics = renderer, repo, metrics
         self.tool_parser = tool_parser
-        if config.history not in HISTORY_MODES:
-            raise ValueError(f"history {config.history!r}: one of {HISTORY_MODES}")
-        self.history = config.history
+        if config.prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"prompt_mode {config.prompt_mode!r}: one of {PROMPT_MODES}")
+        self.prompt_mode = config.prompt_mode
         self.max_n = config.max_n
         # (session id, answer hash) -> parent; saves a DB read per turn. Its request's
         # history is frozen (gateway/frozen.py) and its prompt ids are a TokenIds where
@@ -80,12 +80,12 @@ class Prompts:
         `field`: the request field of the messages and the error code of a template
         that cannot render them (the client's 400)."""
         hashes, link = await self._link(session.id, messages, tools)
-        history = session.history or self.history
+        mode = session.prompt_mode or self.prompt_mode
         shown = None if tool_choice == "none" else tools
-        rendered = self.render(messages, shown, tool_choice, field, link, history)
+        rendered = self.render(messages, shown, tool_choice, field, link, mode)
         prompt = Prompt(
             rendered.ids, field[0], rendered.text, rendered, conversation=hashes,
-            history=rendered.history if history != "template" else None,
+            prompt_mode=rendered.prompt_mode if mode != "template" else None,
             fallback=rendered.fallback,
         )  # fmt: skip
         if link is not None:
@@ -106,14 +106,14 @@ class Prompts:
         tool_choice: Any,
         field: tuple[str, str],
         link: Link | None = None,
-        history: str = "template",
+        prompt_mode: str = "template",
     ) -> Rendered:
-        """The prompt: with `history="token_exact"`, the parent's ids + the new messages
+        """The prompt: with `prompt_mode="token_exact"`, the parent's ids + the new messages
         (when that can be told, else a counted fallback); otherwise the template's,
         on the parent's tokens where it provably continues them. A template that
         cannot render the request is the client's 400 (on `field`: param, code)."""
         try:
-            if history == "token_exact" and link is not None:
+            if prompt_mode == "token_exact" and link is not None:
                 rendered = self._token_exact(messages, tools, tool_choice, link)
                 if rendered.fallback is None:
                     return rendered
@@ -135,7 +135,7 @@ class Prompts:
         state."""
         prefix = None
         prompt = turn.prompt
-        if prompt.rendered is not None and prompt.history != "token_exact":
+        if prompt.rendered is not None and prompt.prompt_mode != "token_exact":
             # (a token_exact prompt's text is only its new messages': no prefix to give)
             prefix = self.renderer.text_prefix(prompt.rendered, out.output_ids)
         resume = prompt.conversation.resume_point(answer_hash) if prompt.conversation else None

@@ -96,7 +96,7 @@ class Prompt:
     continues: bool | None = None
     drift: dict[str, Any] | None = None
     # `token_exact` sessions: what built it, and why it could not be token_exact
-    history: str | None = None
+    prompt_mode: str | None = None
     fallback: str | None = None
 
 
@@ -189,8 +189,8 @@ def completion_record(
     found = {
         "drift": turn.prompt.drift,
         "tool_parse_failures": tool_parse_failures,
-        "history": turn.prompt.history,
-        "history_fallback": turn.prompt.fallback,
+        "prompt_mode": turn.prompt.prompt_mode,
+        "prompt_mode_fallback": turn.prompt.fallback,
     }
     diagnostics = {k: v for k, v in found.items() if v}
     return CompletionRecord(

@@ -23,7 +23,7 @@ class SessionTerms:
     """What a session's creator may fix for every request of it (`POST /v1/sessions`)."""
 
     sampling: dict[str, Any] | None = None  # forced on every request of the session
-    history: str | None = None  # how its prompts are built (None: the gateway's default)
+    prompt_mode: str | None = None  # how its prompts are built (None: the gateway's default)
     quotas: dict[str, int] | None = None  # its limits (SessionQuotas fields), None: none
 
 
@@ -73,7 +73,7 @@ class Repository:
             ended_at=None,
             metadata=meta,
             sampling=terms.sampling,
-            history=terms.history,
+            history=terms.prompt_mode,  # (the column keeps the option's former name)
             quotas=terms.quotas,
         )
         self._write(SessionRow.__table__.insert(), [row])
@@ -283,7 +283,7 @@ def _session_info(m: Any) -> SessionInfo:
         dict(m["metadata"] or {}),
         m["created_at"],
         sampling=m["sampling"],
-        history=m["history"],
+        prompt_mode=m["history"],
         quotas=m["quotas"],
     )
 
@@ -312,5 +312,14 @@ def completion_dict(m: Any, full: Full) -> dict[str, Any]:
         reward=m["reward"],
         choice_index=m["choice_index"],
         side_request=bool(m["side_request"]),
-        diagnostics=m["diagnostics"] or {},
+        diagnostics=_diagnostics(m["diagnostics"]),
     )
+
+
+# diagnostics keys records written before the option was named prompt_mode hold
+_RENAMED_DIAGNOSTICS = {"history": "prompt_mode", "history_fallback": "prompt_mode_fallback"}
+
+
+def _diagnostics(found: dict[str, Any] | None) -> dict[str, Any]:
+    """A record's diagnostics under today's names, whenever it was written."""
+    return {_RENAMED_DIAGNOSTICS.get(k, k): v for k, v in (found or {}).items()}

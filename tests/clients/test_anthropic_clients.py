@@ -133,7 +133,7 @@ def test_anthropic_sdk_thinking(gateway_factory, new_session):
     gateway = gateway_factory({"reasoning_parser": "qwen3"})
     gateway.engine.script("<think>2 and 2 make 4.</think>4", "<think>Checked.</think>Yes, 4.")
     # token_exact: SmolLM2's template would not show the earlier thinking again
-    session_id, key = new_session(gateway, history="token_exact")
+    session_id, key = new_session(gateway, prompt_mode="token_exact")
     seen = anthropic_sdk(gateway, key, "thinking")
     first_blocks, second_blocks = seen["blocks"]
     assert [b["type"] for b in first_blocks] == ["thinking", "text"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}
+    data = _renamed(data, known, where)
     unknown = sorted(set(data) - set(known))
     for key in unknown:
         if (path := f"{where}.{key}".strip(".")) in REMOVED_KEYS:
@@ -358,6 +360,23 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         else:
             kwargs[name] = _coerce(value, f.default, f"{where}.{name}".strip("."))
     return cls(**kwargs)
+
+
+def _renamed(data: dict[str, Any], known: dict[str, Any], where: str) -> dict[str, Any]:
+    """`data` with a field's former name (`setting(old=...)`) read as its name, and a
+    warning that says the new one (a FutureWarning: Python shows it to users, where a
+    DeprecationWarning from library code is hidden). Both names set: the user's error."""
+    out = dict(data)
+    for name, f in known.items():
+        old = f.metadata.get("old")
+        if old is None or old not in out:
+            continue
+        path, new = f"{where}.{old}".strip("."), f"{where}.{name}".strip(".")
+        if name in out:
+            raise ConfigError(f"{path} is the old name of {new}: set only {new}")
+        warnings.warn(f"{path} is now {new}; the old name is still read", FutureWarning, 2)
+        out[name] = out.pop(old)
+    return out
 
 
 def _coerce(value: Any, default: Any, where: str) -> Any:
