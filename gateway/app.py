@@ -81,7 +81,9 @@ def create_app(
         await state.engine.start()
         # Hundreds of thousands of long-lived objects (tokenizer, torch, transformers)
         # would otherwise be re-scanned by every full GC, stalling the event loop for
-        # ~0.3 s at a time under load (docs/benchmarks.md).
+        # ~0.3 s at a time under load (docs/benchmarks.md). Garbage is collected first:
+        # a frozen cycle is never freed.
+        gc.collect()
         gc.freeze()
         # A collection of the young generation every 10,000 new containers, not 700:
         # each turn of a long session makes a few thousand (its parsed messages) and
@@ -97,6 +99,10 @@ def create_app(
             await state.engine.close()
             state.recorder.stop()
             state.repo.engine.dispose()  # give a shared PostgreSQL its connections back
+            # what this gateway held (its model, in an embedded engine) may be freed once
+            # it is unreferenced: a process that starts another gateway (the trainer's
+            # evaluations, tests) would otherwise keep every stopped one's cycles
+            gc.unfreeze()
 
     # FastAPI's OpenTelemetry instrumentation off: the gateway's metrics are Prometheus
     # (gateway/metrics.py), and its check for global providers ran on every request.
