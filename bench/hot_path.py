@@ -135,7 +135,7 @@ def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
     from gateway.store.repository import Repository
 
     repo = Repository(sa.create_engine(f"sqlite:///{db}"))
-    with repo.engine.connect() as conn:
+    with repo.db.connect() as conn:
         per_session = dict(conn.execute(sa.text(
             "SELECT session_id, sum(length(request) + length(response) + length(prompt_ids)"
             " + length(output_ids) + length(output_logprobs) + length(output_versions))"
@@ -147,7 +147,7 @@ def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
         last = repo.completions(sid)[-1]
         ids = len(last["prompt_ids"]) + len(last["output_ids"])
         final.append(4 * ids + len(json.dumps(last["request"])))
-    repo.engine.dispose()
+    repo.db.dispose()
     return statistics.fmean(per_session[sid] for sid in ours), statistics.fmean(final)
 
 

@@ -98,7 +98,7 @@ def create_app(
             poll.cancel()
             await state.engine.close()
             state.recorder.stop()
-            state.repo.engine.dispose()  # give a shared PostgreSQL its connections back
+            state.repo.db.dispose()  # give a shared PostgreSQL its connections back
             # what this gateway held (its model, in an embedded engine) may be freed once
             # it is unreferenced: a process that starts another gateway (the trainer's
             # evaluations, tests) would otherwise keep every stopped one's cycles

@@ -320,7 +320,7 @@ def test_rotation_from_the_command_line(tmp_path, capsys):
     assert signing.main(["--database", database]) == 0
     first_id, newest_id = (k[0] for k in repo.signing_keys())
     assert first_id == first[0] and f"signing key {newest_id} is current" in capsys.readouterr().out
-    repo.engine.dispose()
+    repo.db.dispose()
 
 
 # ---- a whole body replayed ---------------------------------------------------------------

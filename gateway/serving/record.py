@@ -49,7 +49,7 @@ class Records:
         self.inflight: dict[tuple[str, str], asyncio.Future[None]] = {}
         # the same, across the replicas of a shared store (leases: a dead replica's
         # marks lapse within seconds)
-        self.marks = InflightMarks(repo.engine)
+        self.marks = InflightMarks(repo.db)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def record(self, turn: Turn, answer: Answer, tool_parse_failures: int) -> None:

@@ -41,9 +41,9 @@ def open_database(path_or_url: str | Path) -> Engine:
     common = {"json_serializer": json_codec.dumps_text, "hide_parameters": True}
     if url.startswith("sqlite"):
         connect_args = {"check_same_thread": False, "timeout": SQLITE_LOCK_WAIT_S}
-        engine = create_engine(url, connect_args=connect_args, **common)
+        db = create_engine(url, connect_args=connect_args, **common)
 
-        @event.listens_for(engine, "connect")
+        @event.listens_for(db, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             _switch_to_wal(dbapi_conn)
             cur = dbapi_conn.cursor()
@@ -53,9 +53,9 @@ def open_database(path_or_url: str | Path) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **common)
-    migrate(engine)
-    return engine
+        db = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **common)
+    migrate(db)
+    return db
 
 
 def _switch_to_wal(dbapi_conn: sqlite3.Connection, wait_s: float = SQLITE_LOCK_WAIT_S) -> None:
@@ -92,7 +92,7 @@ def _alembic_config() -> Config:
     return cfg
 
 
-def migrate(engine: Engine, revision: str = "head") -> None:
+def migrate(db: Engine, revision: str = "head") -> None:
     """Run Alembic migrations up to `revision` on this database.
 
     Processes opening one store together take turns: the first migrates under a lock
@@ -101,7 +101,7 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     unstamped first, so that the one revision there is runs on it.
     """
     cfg = _alembic_config()
-    with _ALEMBIC, engine.begin() as conn:
+    with _ALEMBIC, db.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
         elif conn.dialect.name == "sqlite":

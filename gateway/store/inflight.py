@@ -22,10 +22,10 @@ _T = InflightRow.__table__
 
 
 class InflightMarks:
-    def __init__(self, engine: Engine, lease_s: float = 6.0, sweep_every_s: float = 60.0) -> None:
-        self.engine = engine
+    def __init__(self, db: Engine, lease_s: float = 6.0, sweep_every_s: float = 60.0) -> None:
+        self.db = db
         self.lease_s = lease_s
-        self.shared = engine.dialect.name != "sqlite"
+        self.shared = db.dialect.name != "sqlite"
         # A replica that dies mid-request leaves its marks: they stop counting when they
         # expire, and whoever marks next after `sweep_every_s` deletes them.
         self.sweep_every_s = sweep_every_s
@@ -60,7 +60,7 @@ class InflightMarks:
     def _write(self, *statements: Executable) -> None:
         """In one transaction whose commit does not wait for the disk: a mark need not
         survive a server crash (a retry after one finds no original generating anyway)."""
-        with self.engine.begin() as conn:
+        with self.db.begin() as conn:
             conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
             for statement in statements:
                 conn.execute(statement)
@@ -76,5 +76,5 @@ class InflightMarks:
                 _T.c.expires_at > time.time(),
             )
         )
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             return bool(conn.execute(q).scalar())

@@ -66,18 +66,18 @@ class RecordError(RuntimeError):
 class Recorder:
     def __init__(
         self,
-        engine: Engine,
+        db: Engine,
         max_batch: int = 256,
         on_commit: Callable[[float], None] | None = None,
     ) -> None:
         """`on_commit(seconds)`: told how long each batch's insert + commit took."""
-        self.engine = engine
+        self.db = db
         self.on_commit = on_commit
         self.max_batch = max_batch
         # the C queue: no Python-level lock and condition to take on every hand-off
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._insert = RowInsert(engine.dialect)
+        self._insert = RowInsert(db.dialect)
         self._conn: Connection | None = None  # the writer thread's own
         self.committed = 0
         self.batches = 0
@@ -149,7 +149,7 @@ class Recorder:
         server) is replaced and the batch tried once more; any failure closes it."""
         for attempt in (1, 2):
             if self._conn is None:
-                self._conn = self.engine.connect()
+                self._conn = self.db.connect()
             try:
                 with self._conn.begin():
                     self._conn.exec_driver_sql(self._insert.sql, rows)

@@ -44,15 +44,15 @@ class SessionInfo(SessionTerms):
 
 
 class Repository:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, db: Engine) -> None:
+        self.db = db
 
     def _read(self, query: Executable) -> list[Row[Any]]:
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             return list(conn.execute(query).all())
 
     def _write(self, query: Executable, rows: list[dict[str, Any]] | None = None) -> None:
-        with self.engine.begin() as conn:
+        with self.db.begin() as conn:
             conn.execute(query, rows)
 
     # ---- sessions --------------------------------------------------------------------
@@ -151,7 +151,7 @@ class Repository:
     def completion(self, session_id: str, completion_id: str) -> dict[str, Any] | None:
         """One completion of this session (None if unknown, or another session's)."""
         c = CompletionRow.__table__
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             row = conn.execute(
                 select(c).where(c.c.id == completion_id, c.c.session_id == session_id)
             ).first()
@@ -192,7 +192,7 @@ class Repository:
         q = select(c.c.id, c.c.prefix_hash, c.c.created_at).where(
             c.c.session_id == session_id, c.c.prefix_hash.in_(prefix_hashes)
         )
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             rows = conn.execute(q).all()
             if not rows:
                 return None
@@ -218,7 +218,7 @@ class Repository:
         Empty when there is none, or when not all of its choices were recorded.
         """
         c = CompletionRow.__table__
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             first = conn.execute(
                 select(c.c.id)
                 .where(
@@ -246,7 +246,7 @@ class Repository:
         """Upsert rewards by completion id (the same call twice leaves the same state)."""
         c = CompletionRow.__table__
         now = time.time()
-        with self.engine.begin() as conn:
+        with self.db.begin() as conn:
             for cid, value in rewards.items():
                 conn.execute(
                     update(c).where(c.c.id == cid).values(reward=float(value), reward_at=now)
