@@ -7,7 +7,7 @@ through `turnstile serve` in front of bench/engine_server.py (`--engine fake`: t
 gateway's in-process fake) and reads RSS at checkpoints. Targets: at most 150 MB after
 the first session and after 20,000, within 10% of RSS after 2,000.
 
-    python -m bench.rss                  # 20,000 sessions, ~10 min on 2 cores
+    python -m bench.rss                  # 20,000 sessions, ~3 min on 2 cores
     python -m bench.rss --sessions 4000 --no-docs
 """
 
