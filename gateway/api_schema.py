@@ -9,11 +9,13 @@ the OpenAI error shape (gateway/errors.py), never with FastAPI's validation shap
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
+from pydantic.json_schema import models_json_schema
 
 from gateway.errors import registered_shape
 
@@ -86,6 +88,20 @@ def json_200(model: type[BaseModel], description: str) -> dict[int | str, dict[s
     return {200: {"model": model, "description": description}}
 
 
+# schemas named by reference and built from their model only when the document is: the
+# OpenAI SDK's reply types cost a gateway ~24 MB of RSS it needs for nothing else
+_DEFERRED: dict[str, str] = {}
+
+
+def deferred_schema(target: str) -> dict[str, Any]:
+    """A `$ref` to the pydantic model at `target` ("module:Class"), imported only when
+    /openapi.json is first built."""
+    name = target.rpartition(":")[2]
+    if _DEFERRED.setdefault(name, target) != target:
+        raise ValueError(f"two deferred schemas named {name}: {_DEFERRED[name]}, {target}")
+    return {"$ref": _REF.format(model=name)}
+
+
 def install_openapi(app: FastAPI) -> None:
     """Generate the document once, with the gateway's error shapes in place of FastAPI's."""
 
@@ -100,14 +116,23 @@ def install_openapi(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _add_models(schemas: dict[str, Any], models: list[type[BaseModel]]) -> None:
+    """`models`' schemas and those they refer to, named as FastAPI names them (two
+    classes of one name: by their modules)."""
+    _, top = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
+    for name, schema in top.get("$defs", {}).items():
+        if schemas.setdefault(name, schema) != schema:
+            raise ValueError(f"two schemas named {name} in /openapi.json")
+
+
 def _with_gateway_errors(doc: dict[str, Any]) -> dict[str, Any]:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    deferred = [t.partition(":") for n, t in _DEFERRED.items() if n not in schemas]
+    _add_models(schemas, [getattr(import_module(m), attr) for m, _, attr in deferred])
     for path, ops in doc.get("paths", {}).items():
         model = error_model(path)
         if model.__name__ not in schemas:  # not named by any route's own `responses=`
-            schema = model.model_json_schema(ref_template=_REF)
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
+            _add_models(schemas, [model])
         error = {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}}
         for op in ops.values():
             responses = op.setdefault("responses", {})

@@ -6,13 +6,23 @@ import time
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from openai.types import Model
 from pydantic import BaseModel
 
 from gateway.api_schema import errors, json_200
 from gateway.state import Session, State
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+# OpenAI's model object written out: the SDK's own type costs ~24 MB of imports
+# (api_schema.py's deferred schemas)
+class Model(BaseModel):
+    """A model the gateway serves, in OpenAI's shape."""
+
+    id: str
+    created: int
+    object: Literal["model"]
+    owned_by: str
 
 
 class ModelList(BaseModel):
@@ -26,10 +36,10 @@ class ModelList(BaseModel):
     responses={**json_200(ModelList, "The served model."), **errors(401, 410)},
 )
 async def list_models(caller: Session, state: State) -> dict[str, Any]:
-    model = Model(
-        id=state.config.served_model_name,
-        created=int(time.time()),
-        object="model",
-        owned_by="turnstile",
-    )
-    return {"object": "list", "data": [model.model_dump()]}
+    model = {
+        "id": state.config.served_model_name,
+        "created": int(time.time()),
+        "object": "model",
+        "owned_by": "turnstile",
+    }
+    return {"object": "list", "data": [model]}

@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from gateway import json_codec
-from gateway.api_schema import errors
+from gateway.api_schema import deferred_schema, errors
 from gateway.entrypoints.hot_routes import hot
 from gateway.entrypoints.tool_names import check_tool_names
 from gateway.serving.endpoint import RetryIdentity
@@ -36,10 +36,11 @@ _SSE_EVENT = {
 @dataclass(frozen=True, slots=True)
 class RouteDoc:
     """What a generating route declares in the OpenAPI document beyond its body's schema:
-    the type of a whole (non-streamed) answer, the statuses it answers beyond every
-    generating route's, and the tag it is listed under."""
+    the type of a whole (non-streamed) answer ("module:Class", imported only for the
+    document), the statuses it answers beyond every generating route's, and the tag it is
+    listed under."""
 
-    reply_model: type[BaseModel] | None = None
+    reply_model: str | None = None
     more_errors: tuple[int, ...] = ()
     tag: str = "openai"
 
@@ -56,11 +57,13 @@ def openai_route(
     `history`: the field (a list) a session's next body repeats and extends, parsed
     only where new (incremental_body.py)."""
     router = APIRouter(prefix="/v1", tags=[doc.tag])
+    content: dict[str, Any] = {"text/event-stream": {"schema": _SSE_EVENT}}
+    if doc.reply_model:
+        content = {"application/json": {"schema": deferred_schema(doc.reply_model)}, **content}
     replies = {
         200: {
-            "model": doc.reply_model,
             "description": "The answer; with `stream: true`, server-sent events.",
-            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+            "content": content,
         },
         **errors(400, 401, 410, 422, 429, 503, *doc.more_errors, path=f"/v1{path}"),
     }

@@ -1,7 +1,5 @@
 """`POST /v1/chat/completions`: a thin route; the work is in serving.py."""
 
-from openai.types.chat import ChatCompletion
-
 from gateway.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from gateway.entrypoints.openai.chat_completion.serving import ChatCompletionServing
 from gateway.entrypoints.openai.route import RouteDoc, openai_route
@@ -10,6 +8,6 @@ router = openai_route(
     "/chat/completions",
     ChatCompletionRequest,
     ChatCompletionServing,
-    RouteDoc(ChatCompletion),
+    RouteDoc("openai.types.chat:ChatCompletion"),
     history="messages",
 )

@@ -1,9 +1,9 @@
 """`POST /v1/completions`: a thin route; the work is in serving.py."""
 
-from openai.types import Completion
-
 from gateway.entrypoints.openai.completion.protocol import CompletionRequest
 from gateway.entrypoints.openai.completion.serving import CompletionServing
 from gateway.entrypoints.openai.route import RouteDoc, openai_route
 
-router = openai_route("/completions", CompletionRequest, CompletionServing, RouteDoc(Completion))
+router = openai_route(
+    "/completions", CompletionRequest, CompletionServing, RouteDoc("openai.types:Completion")
+)

@@ -1,7 +1,5 @@
 """`POST /v1/responses`: a thin route; the work is in serving.py."""
 
-from openai.types.responses import Response
-
 from gateway.entrypoints.openai.responses.protocol import ResponsesRequest
 from gateway.entrypoints.openai.responses.serving import ResponsesServing
 from gateway.entrypoints.openai.route import RouteDoc, openai_route
@@ -9,5 +7,9 @@ from gateway.entrypoints.openai.route import RouteDoc, openai_route
 # `input` as a list: an agent that resends its whole history (the OpenAI Agents SDK, with
 # no previous_response_id) has it parsed only where new (incremental_body.py)
 router = openai_route(
-    "/responses", ResponsesRequest, ResponsesServing, RouteDoc(Response, (404,)), history="input"
+    "/responses",
+    ResponsesRequest,
+    ResponsesServing,
+    RouteDoc("openai.types.responses:Response", (404,)),
+    history="input",
 )
