@@ -30,7 +30,13 @@ from gateway.inference.base import InferenceEngine
 from gateway.inference.model_source import resolve_model_dir
 from gateway.inference.registry import make_inference_engine
 from gateway.metrics import Metrics
-from gateway.state import GatewayState, serving_stages
+from gateway.serving.endpoint import Stages
+from gateway.serving.generate import Generator
+from gateway.serving.prompt import Prompts
+from gateway.serving.quotas import Admission
+from gateway.serving.record import Records
+from gateway.signing import Signer
+from gateway.state import GatewayState
 from gateway.store.database import open_database
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
@@ -58,7 +64,15 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
     repo = Repository(db)
     metrics = Metrics()
     recorder = Recorder(db, on_commit=metrics.store_commit_seconds.observe)
-    stages = serving_stages(engine, renderer, repo, recorder, metrics, config)
+    generator = Generator(engine, renderer, metrics, config)
+    stages = Stages(
+        Prompts(renderer, repo, metrics, config, generator.tool_parser_name),
+        generator,
+        Records(repo, recorder, metrics, config.request_timeout_s),
+        Admission(repo, metrics, config.max_pending_requests),
+        Signer(repo, config.signing_keys, config.signing_key_grace_s),
+        config,
+    )
     limiter = AuthLimiter(
         config.auth_failure_limit, config.auth_failure_window_s, config.auth_lockout_s
     )
@@ -68,12 +82,10 @@ def build_state(config: GatewayConfig, engine: InferenceEngine | None = None) ->
 
 
 def create_app(
-    config: GatewayConfig | None = None,
-    engine: InferenceEngine | None = None,
-    state: GatewayState | None = None,
+    config: GatewayConfig | None = None, engine: InferenceEngine | None = None
 ) -> FastAPI:
-    config = config or (state.config if state else GatewayConfig())
-    state = state or build_state(config, engine)
+    config = config or GatewayConfig()
+    state = build_state(config, engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -1,4 +1,4 @@
-"""Everything a request handler needs, built once per app (the serving stages too), and
+"""Everything a request handler needs, built once per app (gateway/app.py), and
 the FastAPI dependencies that hand it out (who is calling; which serving handler)."""
 
 from __future__ import annotations
@@ -16,11 +16,6 @@ from gateway.errors import APIError
 from gateway.inference.base import InferenceEngine
 from gateway.metrics import Metrics
 from gateway.serving.endpoint import Stages
-from gateway.serving.generate import Generator
-from gateway.serving.prompt import Prompts
-from gateway.serving.quotas import Admission
-from gateway.serving.record import Records
-from gateway.signing import Signer
 from gateway.store.recorder import Recorder
 from gateway.store.repository import Repository
 
@@ -55,26 +50,6 @@ class GatewayState:
             handler = self.handlers[cls] = cls(self.stages)  # type: ignore[call-arg]
             self.keys.on_end.append(handler.forget)
         return handler
-
-
-def serving_stages(
-    engine: InferenceEngine,
-    renderer: ChatRenderer,
-    repo: Repository,
-    recorder: Recorder,
-    metrics: Metrics,
-    config: GatewayConfig,
-) -> Stages:
-    """The stages every endpoint is built on (gateway/serving/endpoint.py)."""
-    generator = Generator(engine, renderer, metrics, config)
-    return Stages(
-        Prompts(renderer, repo, metrics, config, generator.tool_parser_name),
-        generator,
-        Records(repo, recorder, metrics, config.request_timeout_s),
-        Admission(repo, metrics, config.max_pending_requests),
-        Signer(repo, config.signing_keys, config.signing_key_grace_s),
-        config,
-    )
 
 
 async def get_state(request: Request) -> GatewayState:
