@@ -2,8 +2,8 @@
 
 Each gateway has its own registry (tests and the trainer run several in one process).
 Counters named by the serving code (`inc("turnstile_..._total")`) are made on first
-use (the per-cause ones: a cause that never happened is absent); those a dashboard
-charts are declared up front at 0, as are the histograms and gauges. docs/gateway.md lists them all.
+use (a cause that never happened is absent); those a dashboard charts are declared up
+front at 0, as are the histograms and gauges. docs/gateway.md lists them all.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
         self._counters: dict[str, Counter] = {}
-        self._histograms: dict[str, Histogram] = {}
         r = self.registry
         self.request_seconds = Histogram(
             "turnstile_http_request_seconds",
@@ -79,30 +78,25 @@ class Metrics:
         self.record_batches = Gauge(
             "turnstile_record_batches", "commits those records took", registry=r
         )
-        for name in DECLARED_COUNTERS:
-            self.inc(name, 0.0)
-        self._histograms["turnstile_completion_seconds"] = Histogram(
+        self.completion_seconds = Histogram(
             "turnstile_completion_seconds",
             "one answer, from its request being prepared to its record committed",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        for name in DECLARED_COUNTERS:
+            self.inc(name, 0.0)
 
     def inc(self, name: str, value: float = 1.0) -> None:
-        self._metric(self._counters, Counter, name).inc(value)
-
-    def observe(self, name: str, seconds: float) -> None:
-        self._metric(self._histograms, Histogram, name, buckets=LATENCY_BUCKETS).observe(seconds)
-
-    def _metric(self, table: dict[str, Any], kind: type, name: str, **kwargs: Any) -> Any:
-        """The metric `name`, made on first use (once, whichever thread asks first)."""
-        metric = table.get(name)
-        if metric is None:
+        """Counter `name` up by `value`, made on first use (once, whichever thread asks)."""
+        counter = self._counters.get(name)
+        if counter is None:
             with self._lock:
-                metric = table.get(name)
-                if metric is None:
-                    metric = table[name] = kind(name, _help(name), registry=self.registry, **kwargs)
-        return metric
+                counter = self._counters.get(name)
+                if counter is None:
+                    counter = Counter(name, _help(name), registry=self.registry)
+                    self._counters[name] = counter
+        counter.inc(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

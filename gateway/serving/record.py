@@ -73,7 +73,7 @@ class Records:
         if out.index == 0:  # the choices of one request share its prompt
             self.metrics.inc("turnstile_prompt_tokens_total", len(turn.prompt_ids))
         self.metrics.inc("turnstile_completion_tokens_total", len(out.output_ids))
-        self.metrics.observe("turnstile_completion_seconds", time.perf_counter() - turn.started)
+        self.metrics.completion_seconds.observe(time.perf_counter() - turn.started)
 
     async def replay_of(
         self, session_id: str, retry: RetryIdentity, n: int
