@@ -1,13 +1,10 @@
 """Keys: an admin key for operators, one API key per session for agents.
 
-Session keys are stored only as SHA-256 hashes. An in-memory cache keeps the hot path
-off the database. A session ended through another gateway replica must stop working
-within seconds: rather than re-reading every cached key every few seconds (a query per
-request per session), a background task asks the store every `end_poll_s` which
-sessions ended lately, and the cache forgets those: one query per poll, however many
-sessions are live. Both that query and a key the cache misses are asked off the event
-loop: against a shared PostgreSQL each is a network round trip, which every other
-request would wait out.
+Session keys are stored only as SHA-256 hashes; an in-memory cache keeps the hot path
+off the database. A session ended through another replica stops working within seconds:
+a background task asks the store every `end_poll_s` which sessions ended lately (one
+query per poll, however many sessions are live, not one per cached key). Store reads
+run off the event loop: against a shared PostgreSQL each is a network round trip.
 
 What a refused key learns (docs/security.md): a missing, malformed, unknown or expired
 key gets one and the same 401, so no answer tells whether a key exists or once did; only
@@ -81,13 +78,14 @@ class Caller:
 
 
 class KeyRing:
+    end_poll_s = 2.0
+    max_age_s = 60.0  # a backstop: re-read a key this old anyway
+
     def __init__(
         self,
         repo: Repository,
         admin_key: str | None,
-        end_poll_s: float = 2.0,
         cache_size: int = 100_000,
-        max_age_s: float = 60.0,
         limiter: AuthLimiter | None = None,
     ) -> None:
         self.repo = repo
@@ -96,8 +94,6 @@ class KeyRing:
         # not even the key's length shows in the time a comparison takes
         self._admin_digest = None if admin_key is None else _digest(admin_key)
         self.limiter = limiter if limiter is not None else AuthLimiter(0, 60.0, 60.0)
-        self.end_poll_s = end_poll_s
-        self.max_age_s = max_age_s  # a backstop: re-read a key this old anyway
         # by the key itself: a request that hits hashes nothing (the store keeps digests)
         self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
         self._keys: LRU[str, str] = LRU(cache_size)  # session id -> its key

@@ -47,18 +47,12 @@ def key_id(signature: str) -> str | None:
 class Signer:
     """This deployment's signing keys: the current one signs, the valid ones verify."""
 
-    def __init__(
-        self,
-        repo: Repository,
-        configured: str | None,
-        grace_s: float,
-        refresh_s: float = 30.0,
-        min_reload_s: float = 1.0,
-    ) -> None:
+    refresh_s = 30.0  # how soon a key made on another replica signs here
+    min_reload_s = 1.0  # the most often an unknown key id reads the store
+
+    def __init__(self, repo: Repository, configured: str | None, grace_s: float) -> None:
         self.repo = repo
         self.grace_s = grace_s
-        self.refresh_s = refresh_s  # how soon a key made on another replica signs here
-        self.min_reload_s = min_reload_s  # the most often an unknown key id reads the store
         given = [_configured(s.strip()) for s in (configured or "").split(",") if s.strip()]
         self.configured = bool(given)
         self._keys: dict[str, SigningKey] = {k.id: k for k in given}
