@@ -21,15 +21,11 @@ def setting(
     shown: str | None = None,
     old: str | None = None,
 ) -> Any:
-    """A config field: its default, what it means (shown by `--help`, `turnstile train
-    --help-config` and docs/training.md), its CLI flag when not --<name>, how to show a
-    default computed at start-up (`shown`, e.g. from an environment variable), and the
-    name it had before (`old`: still read as a YAML key and a CLI flag, so that what
-    users wrote keeps working).
-
-    A list or dict default is copied for each instance; a callable (a section's class, a
-    function) is called for each.
-    """
+    """A config field: its default (a list or dict copied, a callable called, for each
+    instance), what it means (shown by `--help`, `turnstile train --help-config` and
+    docs/training.md), its CLI flag when not --<name>, how to show a default computed at
+    start-up (`shown`), and its former name (`old`: still read, so what users wrote
+    keeps working)."""
     meta = {"help": help, "flag": flag, "shown": shown, "old": old}
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)

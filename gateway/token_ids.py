@@ -2,14 +2,10 @@
 
 A turn of a 64-turn session has ~40k prompt ids, a few hundred of them new. As a list,
 every turn copied the whole prompt (~0.2 ms at 40k) and an evicted parent freed it id
-by id. A `TokenIds` is a tuple of chunks shared with its parent: joining costs the
-same whatever the length, and what a turn needs (its length, its tail, its JSON) is read
-from the chunks. It is an immutable sequence of ints (a slice is a list); `joined`
-copies the parts it is given, which their owners may still grow.
-
-Its JSON is kept as parts too (the parent's, then the turn's own ids): a turn's request
-joins them once, for the engine client (gateway/inference/remote.py), instead of writing
-every id again.
+by id. A `TokenIds` is an immutable sequence of chunks shared with its parent: joining
+costs the same whatever the length. Its JSON is kept as parts too (the parent's, then
+the turn's own ids), so the engine client (gateway/inference/remote.py) writes no id
+twice.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Sessions for generations that bypass the HTTP API (token-level workflows, queue agents).
 
-Token-level workflows and queue-based agents call the inference engine in token ids.
-Their generations are stored like an HTTP agent's: a session per episode; per generation
-the exact prompt ids, output ids, logprobs and versions, committed before the caller sees
-the tokens; a parent link to the earlier generation whose prompt + output the prompt
-continues (a later turn of a multi-turn trajectory), so the turn tree, concat and turn
-discounting work on them. When the episode is over its rewards go onto its generations
-with the same store write as `POST /v1/rewards`, the generations it did not train on (a
-ReMax greedy baseline) are marked side requests, and its samples come from
-`gateway.samples.export_session` over the stored session, as `GET /sessions/{id}/export`
-gives them.
+They are stored like an HTTP agent's: a session per episode, each generation committed
+before its caller sees the tokens, with a parent link to the generation whose prompt +
+output its prompt continues, so that the turn tree, concat and turn discount work on
+them. Rewards, side-request marks and samples go through the same store calls and
+`gateway.samples` as the REST API's.
 """
 
 from __future__ import annotations

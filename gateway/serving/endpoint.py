@@ -1,17 +1,9 @@
 """One template method for every generating endpoint: `ServingEndpoint.handle_request`.
 
-A request goes through three stages, each calling only forward:
-
-1. prompt (serving/prompt.py): link to the turn it continues, render, prompt mode;
-2. generate (serving/generate.py): the engine call under a deadline, decoding;
-3. record (serving/record.py): the durable record; a client retry is answered from the
-   original's, and an original still in flight is waited for.
-
-Between 1 and 2 the request is admitted (serving/quotas.py). An endpoint (chat
-completions, completions, responses, messages, ...) fills in only its own steps:
-`validate`, `prepare` (its request into turns, through stage 1), `new_choice` (parsing
-and per-delta frames; a one-choice endpoint's is made in `prepare`), `finish`, `response`,
-`replay_frames`, and the frames that open and close its stream.
+A request goes through three stages, each calling only forward: prompt
+(serving/prompt.py), generate (serving/generate.py) and record (serving/record.py); it
+is admitted (serving/quotas.py) between the first two. An endpoint fills in only its
+own steps, the methods below its template.
 
 Every choice is recorded before its client sees its end: a 200 (or a streamed finish)
 means the tokens, logprobs and policy version behind it are on disk.
@@ -113,10 +105,9 @@ class Choice:
 
 class BlockChoice(Choice, abc.ABC):
     """The one choice of an endpoint whose answer is a list of blocks (Messages' content
-    blocks, Responses' output items): text and reasoning go into the open block of their
-    kind (another kind's is closed first), a tool call is a block of its own. The blocks
-    are kept, as the recorded answer is built from them, so frames are made even when
-    not streamed (`emit=False`: the subclass's frames are empty).
+    blocks, Responses' output items): one open text or reasoning block at a time, a tool
+    call a block of its own. Blocks are made even when not streamed (`emit=False`: no
+    frames), as the recorded answer is built from them.
 
     The stream opens (`start_frames`) once the engine has answered: an engine that is
     down before then is an HTTP error the client retries, not a broken stream."""
@@ -343,7 +334,7 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
         cancel: asyncio.Event | None = None,
     ) -> Answer:
         choice = self.new_choice(p, turn, index)
-        put = queue.put_nowait if queue is not None else _drop
+        put = queue.put_nowait if queue is not None else lambda frame: None  # nobody streams
         out: ChoiceOutput | None = None
         try:
             async for item in self.generator.generate(turn, i, p.stream, cancel):
@@ -425,7 +416,3 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
             queue.put_nowait(STREAM_END)
             admitted.release()
             tracked.done()
-
-
-def _drop(frame: bytes | APIError | None) -> None:
-    """Frames of a choice nobody streams."""

@@ -1,15 +1,9 @@
-"""Stage 1 of a request, the prompt: link, render, prompt mode.
+"""Stage 1 of a request, the prompt (`Prompts.chat` -> `Prompt`): link (the earlier turn
+it continues: answers this process gave are kept in memory, the rest asked of the
+store), render (on the parent's tokens where provable; where not, why: drift), prompt
+mode (`template`, or `token_exact`: the parent's ids + only the new messages).
 
-- link: which earlier turn the request continues (its conversation hash, resumed from
-  the parent's where the request repeats it; answers this process gave are kept in
-  memory, the rest asked of the store);
-- render: the prompt ids, with the model's chat template, on the parent's tokens where
-  the render provably continues them; where it does not, why (drift);
-- prompt mode: how the session builds prompts (`template`, or `token_exact`: the parent's
-  ids + only the new messages).
-
-Its result is a `Prompt`. Once a choice is recorded, `remember` keeps its answer for
-the turn that continues it.
+Once a choice is recorded, `remember` keeps its answer for the turn that continues it.
 """
 
 from __future__ import annotations

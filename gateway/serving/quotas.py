@@ -12,7 +12,7 @@ the replica serving them (concurrency is a per-replica limit).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gateway.errors import APIError
@@ -32,12 +32,7 @@ class Usage:
     def view(self, quotas: dict[str, int] | None) -> dict[str, Any]:
         """The session's `quotas` field: each limit (None: none) and the usage so far."""
         limits = quotas or {}
-        return {
-            **{name: limits.get(name) for name in QUOTAS},
-            "requests": self.requests,
-            "generated_tokens": self.generated_tokens,
-            "concurrent_requests": self.concurrent_requests,
-        }
+        return {**{name: limits.get(name) for name in QUOTAS}, **asdict(self)}
 
 
 class Admission:

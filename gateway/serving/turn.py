@@ -42,9 +42,8 @@ class Link(NamedTuple):
 
 def recorded_request(req: BaseModel, shared: str) -> dict[str, Any]:
     """`req.model_dump(exclude_none=True)`, the same keys in the same order, with the
-    field `shared` (the history: typed as plain JSON values, `list[dict[str, Any]]` or
-    a string, which the dump returns as they are) the request's own rather than a copy. A long session's history is then held
-    once per turn, by the request and the conversation hash alike, and not copied."""
+    field `shared` (the history, typed as plain JSON values) the request's own object
+    rather than a copy: a long session's history is held once per turn, not copied."""
     out = req.model_dump(exclude_none=True, exclude={shared})
     value = getattr(req, shared)
     if value is None:
@@ -76,7 +75,7 @@ def body_digest(hasher: Any) -> str:
 
 def choice_ids(prefix: str, n: int) -> list[str]:
     """Completion ids of a request's choices: `<prefix>-<hex>`, then `<that>-1`, `-2`, ..."""
-    first = f"{prefix}-{secrets.token_hex(16)}"  # 128 random bits, as uuid4's hex, without building a UUID
+    first = f"{prefix}-{secrets.token_hex(16)}"  # 128 random bits, without building a UUID
     return [first] + [f"{first}-{i}" for i in range(1, n)]
 
 
