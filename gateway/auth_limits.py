@@ -77,7 +77,14 @@ class AuthLimiter:
         """Raise the 429 while this request's client is locked out."""
         wait = self.retry_after(request)
         if wait > 0:
-            raise self.refusal(wait)
+            seconds = max(1, math.ceil(wait))
+            raise APIError(
+                429,
+                "Too many requests with an invalid API key from this address; "
+                f"try again in {seconds} s.",
+                code="too_many_invalid_keys",
+                headers={"retry-after": str(seconds)},
+            )
 
     def retry_after(self, request: HTTPConnection) -> float:
         """Seconds this request's client must still wait; 0 when it may offer a key."""
@@ -117,14 +124,3 @@ class AuthLimiter:
 
     def __len__(self) -> int:
         return len(self._clients)
-
-    @staticmethod
-    def refusal(wait_s: float) -> APIError:
-        seconds = max(1, math.ceil(wait_s))
-        return APIError(
-            429,
-            "Too many requests with an invalid API key from this address; "
-            f"try again in {seconds} s.",
-            code="too_many_invalid_keys",
-            headers={"retry-after": str(seconds)},
-        )

@@ -255,13 +255,9 @@ class _Guard:
 
 def _replay(body: bytes, receive: Any) -> Any:
     """`receive` that hands out `body` first (read already), then what the client sends."""
-    replayed = False
+    first = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> Any:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return first.pop() if first else await receive()
 
     return replay
