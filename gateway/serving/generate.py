@@ -1,10 +1,7 @@
-"""Stage 2 of a request, generate: the engine call under a deadline, and decoding.
-
-A turn's prompt ids go to the engine (once, or as a stream when the client streams or
-stop strings must be watched); its tokens come back as text deltas that are final (no
-split characters, cut at a stop string), then as one `ChoiceOutput`. An engine that
-fails or misses the deadline is a 503. The model's reasoning and tool-call formats are
-read here too (`output_parser`): decoding an answer means knowing them.
+"""Stage 2 of a request, generate: the engine call under a deadline (else a 503), its
+tokens decoded into final text deltas (no split characters, cut at a stop string), then
+one `ChoiceOutput`. The model's reasoning and tool-call formats are read here too
+(`output_parser`): decoding an answer means knowing them.
 """
 
 from __future__ import annotations
