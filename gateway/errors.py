@@ -224,7 +224,7 @@ class _Guard:
             self.observe(scope, status or 500, time.perf_counter() - began)
 
     async def _limited(self, scope: Any, receive: Any, send: Any) -> None:
-        path = scope.get("path", "")
+        """The app, once the body is known to fit (a 413 is raised, answered above)."""
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is None:  # no length (a chunked upload): read it here, up to the limit
             body = bytearray()
@@ -233,24 +233,22 @@ class _Guard:
                 if message["type"] != "http.request":
                     return  # the client went away
                 body += message.get("body", b"")
-                if len(body) > self.max_bytes:
-                    await error_response(self._too_large(), path)(scope, receive, send)
-                    return
+                self._fits(len(body))
                 if not message.get("more_body", False):
                     break
             receive = _replay(bytes(body), receive)
-        elif declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(self._too_large(), path)(scope, receive, send)
-            return  # (a declared length within the limit: the server enforces it)
+        elif declared.isdigit():  # (a length within the limit: the server enforces it)
+            self._fits(int(declared))
         await self.app(scope, receive, send)
 
-    def _too_large(self) -> APIError:
-        return APIError(
-            413,
-            f"The request body is larger than this gateway accepts ({self.max_bytes} bytes).",
-            code="request_too_large",
-            retryable=False,
-        )
+    def _fits(self, size: int) -> None:
+        if size > self.max_bytes:
+            raise APIError(
+                413,
+                f"The request body is larger than this gateway accepts ({self.max_bytes} bytes).",
+                code="request_too_large",
+                retryable=False,
+            )
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -47,9 +47,8 @@ class Prompts:
         self.prompt_mode = config.prompt_mode
         self.max_n = config.max_n
         # (session id, answer hash) -> parent; saves a DB read per turn. Its request's
-        # history is frozen (gateway/frozen.py) and its prompt ids are a TokenIds where
-        # rendered; the rest (request fields, output ids, lists' JSON) is only read, by
-        # convention, not enforced.
+        # history is frozen (gateway/frozen.py), its prompt ids a TokenIds where rendered;
+        # the rest (request fields, output ids) is only read, by convention.
         self.recent: LRU[tuple[str, str], Parent] = LRU(
             config.parent_cache_size,
             max_weight=config.parent_cache_tokens,
