@@ -28,7 +28,7 @@ from gateway.inference.base import (
     TopLogprobs,
 )
 from gateway.metrics import Metrics
-from gateway.serving.turn import ChoiceOutput, TextDelta, Turn, text_delta
+from gateway.serving.turn import ChoiceOutput, TextDelta, Turn
 
 
 class Sampling(NamedTuple):
@@ -119,6 +119,13 @@ class Generator:
         result: GenerationResult | None = None
         aborted = False
         began = time.perf_counter()
+
+        def delta(text: str) -> TextDelta:
+            """`text`, with the output tokens kept since the last delta behind it."""
+            end = len(decoder.kept_ids)
+            tops = None if top is None else top[sent:end]
+            return TextDelta(text, decoder.kept_ids[sent:end], logprobs[sent:end], tops)
+
         chunks = self._engine_chunks(turn, params, stream or bool(turn.stops))
         try:
             async for item in chunks:
@@ -131,9 +138,8 @@ class Generator:
                     top += item.top_logprobs or [[] for _ in item.token_ids]
                 text = decoder.feed(item.token_ids)
                 if text:
-                    kept = decoder.kept_ids
-                    yield text_delta(text, kept, logprobs, top, sent, len(kept))
-                    sent = len(kept)
+                    yield delta(text)
+                    sent = len(decoder.kept_ids)
                 if decoder.stopped:
                     break
                 if cancel is not None and cancel.is_set():
@@ -145,7 +151,7 @@ class Generator:
         kept = decoder.kept_ids
         n = len(kept)
         if tail or sent < n:
-            yield text_delta(tail, kept, logprobs, top, sent, n)
+            yield delta(tail)
         if decoder.stopped:
             finish = "stop"
         elif aborted:

@@ -222,19 +222,6 @@ def completion_record(
     )
 
 
-def text_delta(
-    text: str,
-    ids: list[int],
-    logprobs: list[float],
-    top: list[TopLogprobs] | None,
-    start: int,
-    end: int,
-) -> TextDelta:
-    return TextDelta(
-        text, ids[start:end], logprobs[start:end], None if top is None else top[start:end]
-    )
-
-
 def recorded_answer(row: dict[str, Any]) -> Answer:
     """A recorded choice as its answer again (a client retry's, serving/endpoint.py)."""
     response = row["response"]
