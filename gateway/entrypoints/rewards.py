@@ -54,7 +54,6 @@ async def _apply(state: GatewayState, caller: Caller, rewards: dict[str, Any]) -
                 f"No completion {cid!r}.",
                 code="completion_not_found",
                 param="completion_id",
-                retryable=False,
             )
     await run_in_threadpool(state.repo.set_rewards, clean)
     state.metrics.inc("turnstile_rewards_total", len(clean))

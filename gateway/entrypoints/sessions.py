@@ -58,7 +58,6 @@ def _owned_session(state: GatewayState, caller: Caller, session_id: str) -> Sess
             f"No session {session_id!r}.",
             code="session_not_found",
             param="session_id",
-            retryable=False,
         )
     return info
 
@@ -179,11 +178,9 @@ async def export(
             session_id, completions, style, turn_discount, include_side_requests
         )
     except NoRewardError as exc:
-        raise APIError(409, str(exc), code="no_reward", retryable=False) from exc
+        raise APIError(409, str(exc), code="no_reward") from exc
     except ValueError as exc:
-        raise APIError(
-            400, str(exc), code="invalid_export_style", param="style", retryable=False
-        ) from exc
+        raise APIError(400, str(exc), code="invalid_export_style", param="style") from exc
     return {
         "session_id": session_id,
         "style": style,

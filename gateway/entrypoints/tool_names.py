@@ -42,5 +42,4 @@ def check_tool_names(tools: Any, param: str = "tools") -> None:
                 f"(^[a-zA-Z0-9_-]{{1,64}}$), got {shown}.",
                 code="invalid_tool_name",
                 param=where,
-                retryable=False,
             )

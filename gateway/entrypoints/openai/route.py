@@ -23,7 +23,7 @@ from gateway import json_codec
 from gateway.api_schema import deferred_schema, errors
 from gateway.entrypoints.hot_routes import hot
 from gateway.entrypoints.tool_names import check_tool_names
-from gateway.serving.endpoint import RetryIdentity
+from gateway.serving.endpoint import RetryIdentity, ServingEndpoint
 
 # one server-sent event (OpenAPI < 3.2 describes each event of a stream, not the stream)
 _SSE_EVENT = {
@@ -48,15 +48,14 @@ class RouteDoc:
 def openai_route(
     path: str,
     request_model: type[BaseModel],
-    serving_cls: type,
+    serving_cls: type[ServingEndpoint],
     doc: RouteDoc = RouteDoc(),
-    history: str | None = None,
 ) -> APIRouter:
     """`POST /v1<path>`, served by `serving_cls` (any `ServingEndpoint`, whatever its API).
-
-    `history`: the field (a list) a session's next body repeats and extends, parsed
-    only where new (incremental_body.py)."""
+    Its `history_field`, which a session's next body repeats and extends, is parsed only
+    where new (incremental_body.py)."""
     router = APIRouter(prefix="/v1", tags=[doc.tag])
+    history = serving_cls.history_field
     content: dict[str, Any] = {"text/event-stream": {"schema": _SSE_EVENT}}
     if doc.reply_model:
         content = {"application/json": {"schema": deferred_schema(doc.reply_model)}, **content}

@@ -32,7 +32,6 @@ router = openai_route(
     MessagesRequest,
     MessagesServing,
     RouteDoc(more_errors=(404, 504, OVERLOADED), tag="anthropic"),
-    history="messages",
 )
 
 

@@ -317,7 +317,7 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> Any:
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, code="invalid_request", param=param, retryable=False)
+    return APIError(400, message, code="invalid_request", param=param)
 
 
 # ---- answers -----------------------------------------------------------------------------

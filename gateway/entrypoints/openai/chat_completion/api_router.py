@@ -9,5 +9,4 @@ router = openai_route(
     ChatCompletionRequest,
     ChatCompletionServing,
     RouteDoc("openai.types.chat:ChatCompletion"),
-    history="messages",
 )

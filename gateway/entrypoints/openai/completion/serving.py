@@ -68,7 +68,6 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
                 "echo with logprobs needs prompt logprobs, which this gateway does not compute.",
                 code="unsupported",
                 param="echo",
-                retryable=False,
             )
 
     def num_choices(self, req: CompletionRequest) -> int:
@@ -97,7 +96,6 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
                 f"prompt token ids out of range [0, {vocab}): {bad[:5]}",
                 code="invalid_prompt",
                 param="prompt",
-                retryable=False,
             )
         return Prompt(list(prompt), "prompt")
 

@@ -4,12 +4,9 @@ from gateway.entrypoints.openai.responses.protocol import ResponsesRequest
 from gateway.entrypoints.openai.responses.serving import ResponsesServing
 from gateway.entrypoints.openai.route import RouteDoc, openai_route
 
-# `input` as a list: an agent that resends its whole history (the OpenAI Agents SDK, with
-# no previous_response_id) has it parsed only where new (incremental_body.py)
 router = openai_route(
     "/responses",
     ResponsesRequest,
     ResponsesServing,
     RouteDoc("openai.types.responses:Response", (404,)),
-    history="input",
 )

@@ -117,7 +117,6 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                 f"tools[{i}]: only function tools are served, got type {tool.get('type')!r}.",
                 code="unsupported_tool",
                 param=f"tools[{i}]",
-                retryable=False,
             )
         if isinstance(tool.get("function"), dict):  # already chat-shaped: tolerate it
             out.append({"type": "function", "function": tool["function"]})

@@ -42,7 +42,7 @@ def new_response_id() -> str:
 
 class ResponsesServing(ServingEndpoint[ResponsesRequest]):
     endpoint = "responses"
-    history_field = "input"
+    history_field = "input"  # a list where an agent resends its history (the Agents SDK)
     FIELD = ("input", "invalid_input")  # what a prompt error names
 
     def validate(self, req: ResponsesRequest) -> None:
@@ -75,7 +75,6 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
                 f"No response {response_id!r} in this session.",
                 code="previous_response_not_found",
                 param="previous_response_id",
-                retryable=False,
             )
         request, response = row["request"] or {}, row["response"] or {}
         previous = request.get("resolved_input") or input_items(request.get("input") or [])
