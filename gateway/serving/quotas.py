@@ -1,12 +1,9 @@
-"""Admission: at most `max_pending_requests` answers generating in the gateway, and
-per-session quotas (most requests, most generated tokens, most requests at once).
-
-A request past the gateway's limit is a 429 `too_many_pending_requests`. Quotas are
-optional, set when the session is created (`quotas` in POST /v1/sessions). A request
-past one is a 429 with code `quota_exceeded` before any work is done. Requests and
-tokens are counted from the session's committed records, so every gateway replica
-sharing the database sees the same totals; requests still generating are counted by
-the replica serving them (concurrency is a per-replica limit).
+"""Admission: at most `max_pending_requests` answers generating in the gateway, and the
+optional quotas a session is created with (most requests, generated tokens, requests at
+once); past either, a 429 before any work. Requests and tokens are counted from the
+session's committed records, so every replica sharing the database sees the same
+totals; requests still generating are counted by the replica serving them (concurrency
+is a per-replica limit).
 """
 
 from __future__ import annotations
