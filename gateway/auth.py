@@ -55,7 +55,6 @@ def invalid_key() -> APIError:
         401,
         "Invalid API key: it is missing, malformed, unknown or expired.",
         code="invalid_api_key",
-        retryable=False,
     )
 
 
@@ -177,7 +176,6 @@ class KeyRing:
                     410,
                     f"Session {info.id} has ended; its key no longer works.",
                     code="session_ended",
-                    retryable=False,
                 )
             return Caller(is_admin=False, session=info)
         if allow_admin and self.is_admin_key(key):
@@ -187,7 +185,6 @@ class KeyRing:
                 401,
                 "This endpoint needs a session API key; create a session with the admin key first.",
                 code="session_key_required",
-                retryable=False,
             )
         if not key:  # nothing offered, nothing guessed: not counted
             raise invalid_key()

@@ -247,7 +247,6 @@ class _Guard:
                 413,
                 f"The request body is larger than this gateway accepts ({self.max_bytes} bytes).",
                 code="request_too_large",
-                retryable=False,
             )
 
 

@@ -75,9 +75,7 @@ async def any_caller(request: Request) -> Caller:
 async def admin_caller(request: Request) -> Caller:
     caller = await any_caller(request)
     if not caller.is_admin:
-        raise APIError(
-            403, "This endpoint needs the admin key.", code="admin_key_required", retryable=False
-        )
+        raise APIError(403, "This endpoint needs the admin key.", code="admin_key_required")
     return caller
 
 

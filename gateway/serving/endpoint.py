@@ -214,7 +214,6 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
                 f"({self.config.max_n}).",
                 code="n_too_large",
                 param="n",
-                retryable=False,
             )
         self.validate(req)
         rows = await self.records.replay_of(session.id, retry, n)

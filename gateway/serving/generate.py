@@ -68,9 +68,7 @@ class Generator:
         try:
             max_new = self.engine.check_fits(prompt_len, asked)
         except ContextLengthExceeded as exc:
-            raise APIError(
-                400, str(exc), code="context_length_exceeded", param=param, retryable=False
-            ) from exc
+            raise APIError(400, str(exc), code="context_length_exceeded", param=param) from exc
         return SamplingParams(
             max_new_tokens=max_new,
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -215,7 +213,7 @@ class Generator:
                 503, f"the inference engine is unavailable: {exc}", code="engine_unavailable"
             ) from exc
         except ContextLengthExceeded as exc:  # an external engine's own refusal
-            raise APIError(400, str(exc), code="context_length_exceeded", retryable=False) from exc
+            raise APIError(400, str(exc), code="context_length_exceeded") from exc
 
 
 def _stop_string(decoder: IncrementalDecoder) -> str | None:

@@ -120,7 +120,6 @@ class Prompts:
                 f"could not apply the chat template: {exc}",
                 code=code,
                 param=param,
-                retryable=False,
             ) from exc
 
     def remember(self, turn: Turn, out: ChoiceOutput, answer_hash: str) -> None:
