@@ -93,9 +93,6 @@ class GenerationTag(Extension):
         return caller()
 
 
-_FORMATS = ("format", "format_map")
-
-
 class ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     """transformers' chat-template environment, with the sandbox's verdicts kept (above)."""
 
@@ -128,7 +125,7 @@ class ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
             except AttributeError:
                 pass  # this object lacks it: the sandbox's way (an item, or undefined)
         value = super().getattr(obj, attribute)
-        if attribute not in _FORMATS and self._verdicts.get(key) is True:
+        if attribute not in ("format", "format_map") and self._verdicts.get(key) is True:
             self._direct.add(key)
         return value
 

@@ -5,14 +5,10 @@ otherwise: docs/benchmarks.md).
 Such a template's text is `A + B(m_0) + ... + B(m_n) + C`, each `B(m_i)` depending only
 on `m_i`, `loop.first`, `messages[0]` and settings fixed within a session, `A` and `C`
 only on `messages[0]` and those settings (SmolLM2's ChatML template is one).
-`message_local` proves it from the syntax tree or says why not: one top-level
-`{% for %}` over `messages` (no filter, `else` or recursion); `messages` read only as
-`messages[0]`; `loop` only as `loop.first`; nothing assigned inside the loop, no
-namespace attribute anywhere; no `break`; no call but the template's macros and
-`raise_exception`; no `random` filter. Then the whole render starts with the parent's
-prompt + answer text exactly when render(`[m_0] + m_k..m_n`) starts with render(`[m_0]`)
-+ the answer's text, and what follows is the same. tests/test_template_window.py
-checks it against full renders.
+`message_local` proves it from the syntax tree (each rule below says what it refuses),
+or says why not. Then the whole render starts with the parent's prompt + answer text
+exactly when render(`[m_0] + m_k..m_n`) starts with render(`[m_0]`) + the answer's text,
+and what follows is the same. tests/test_template_window.py checks it against full renders.
 """
 
 from __future__ import annotations

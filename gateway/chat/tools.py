@@ -84,27 +84,20 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> N
     """400/422 for a `tool_choice` that cannot be honoured with these `tools`."""
     from gateway.errors import APIError
 
+    def refused(status: int, message: str, code: str) -> APIError:
+        return APIError(status, message, code=code, param="tool_choice")
+
     if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
-        raise APIError(
+        raise refused(
             400,
             f"tool_choice must be 'auto', 'none', 'required' or a function, got {tool_choice!r}.",
-            code="invalid_tool_choice",
-            param="tool_choice",
+            "invalid_tool_choice",
         )
     if tool_choice in (None, "auto", "none"):
         return
     if not tools:
-        raise APIError(
-            422,
-            "tool_choice needs `tools` to choose from.",
-            code="tool_choice_without_tools",
-            param="tool_choice",
-        )
+        raise refused(422, "tool_choice needs `tools` to choose from.", "tool_choice_without_tools")
     forced = forced_tool(tool_choice)
     if forced is not None and forced not in {tool_name(t) for t in tools}:
-        raise APIError(
-            422,
-            f"tool_choice names the function {forced!r}, which is not in `tools`.",
-            code="unknown_tool",
-            param="tool_choice",
-        )
+        message = f"tool_choice names the function {forced!r}, which is not in `tools`."
+        raise refused(422, message, "unknown_tool")

@@ -48,13 +48,10 @@ class Family:
     generic: bool = False  # its detectors are tried after every specific family's
     stop_tokens: tuple[str, ...] = ()  # its turn enders: stop ids where a tokenizer has them
     reasoning_block: re.Pattern[str] | None = None  # reasoning in the text (drift.py)
-    shape_message: Callable[[Message], Message] | None = None  # a normalised message as
-    # its templates need it (a quirk): a new dict, never a change to the one given
+    shape_message: Callable[[Message], Message] | None = None  # its quirk, as a new dict
     renderer: Callable[[Any], OwnTemplate] | None = None  # tokenizer -> its own renderer
-    renderer_name: str | None = None  # `--chat-template NAME` picks that renderer (set
-    # with `renderer`)
-    renders_tokenizer: Callable[[Any], bool] | None = None  # a tokenizer with no template
-    # that the renderer serves (gpt-oss's, which have harmony's tokens)
+    renderer_name: str | None = None  # `--chat-template NAME` picks `renderer`
+    renders_tokenizer: Callable[[Any], bool] | None = None  # a template-less tokenizer it serves
 
 
 FAMILIES: Registry[Family] = Registry("model family", "model families")
