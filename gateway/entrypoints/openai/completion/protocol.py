@@ -41,28 +41,23 @@ class CompletionRequest(ChoicesRequest):
         return list(p)  # type: ignore[arg-type]
 
 
-class CompletionShapes:
-    """Logprobs as `Completion` gives them; holds the tokenizer for their token strings."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def logprobs(
-        self, req: CompletionRequest, ids: list[int], lps: list[float], top: Any
-    ) -> dict[str, Any] | None:
-        if req.logprobs is None:
-            return None
-        tokens = [self.tokenizer.decode([t]) for t in ids]
-        offsets = list(accumulate(map(len, tokens), initial=0))[:-1]  # where each starts
-        top_lp = None
-        if req.logprobs and top is not None:
-            top_lp = [{self.tokenizer.decode([tid]): lp for tid, lp in alts} for alts in top]
-        return {
-            "tokens": tokens,
-            "token_logprobs": list(lps),
-            "top_logprobs": top_lp,
-            "text_offset": offsets,
-        }
+def logprobs(
+    tokenizer: Any, req: CompletionRequest, ids: list[int], lps: list[float], top: Any
+) -> dict[str, Any] | None:
+    """Logprobs as `Completion` gives them (None: not asked for)."""
+    if req.logprobs is None:
+        return None
+    tokens = [tokenizer.decode([t]) for t in ids]
+    offsets = list(accumulate(map(len, tokens), initial=0))[:-1]  # where each starts
+    top_lp = None
+    if req.logprobs and top is not None:
+        top_lp = [{tokenizer.decode([tid]): lp for tid, lp in alts} for alts in top]
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(lps),
+        "top_logprobs": top_lp,
+        "text_offset": offsets,
+    }
 
 
 def choice(index: int, text: str, finish: str | None, lp: Any = None) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from typing import Any
 from gateway.chat.events import Event
 from gateway.entrypoints.openai.completion.protocol import (
     CompletionRequest,
-    CompletionShapes,
     body,
     choice,
+    logprobs,
 )
 from gateway.entrypoints.openai.protocol import usage
 from gateway.errors import APIError
@@ -36,15 +36,15 @@ from gateway.store.repository import SessionInfo
 
 
 class CompletionChoice(Choice):
-    def __init__(self, index: int, p: Prepared, shapes: CompletionShapes) -> None:
+    def __init__(self, index: int, p: Prepared, tokenizer: Any) -> None:
         super().__init__(index, None, p.stream)
-        self.p, self.shapes = p, shapes
+        self.p, self.tokenizer = p, tokenizer
 
     def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
         if delta is None or not delta.text:
             return []
         req: CompletionRequest = self.p.req
-        lp = self.shapes.logprobs(req, delta.token_ids, delta.logprobs, delta.top_logprobs)
+        lp = logprobs(self.tokenizer, req, delta.token_ids, delta.logprobs, delta.top_logprobs)
         return [chunk(req, self.p.context["id"], choice(self.index, delta.text, None, lp))]
 
     def done(self, answer: Answer) -> list[bytes]:
@@ -59,7 +59,6 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
     def __init__(self, stages: Stages) -> None:
         super().__init__(stages)
         self.tokenizer = self.prompts.renderer.tokenizer
-        self.shapes = CompletionShapes(self.tokenizer)
 
     def validate(self, req: CompletionRequest) -> None:
         if req.echo and req.logprobs is not None:
@@ -100,7 +99,7 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         return Prompt(list(prompt), "prompt")
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        return CompletionChoice(index, p, self.shapes)
+        return CompletionChoice(index, p, self.tokenizer)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
         # no parent links here: each completion is only found by its own id
@@ -108,18 +107,25 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         return Answer(out, out.finish_reason, {"text": out.text}, answer_hash)
 
     def response(self, p: Prepared, answers: list[Answer]) -> dict[str, Any]:
-        req: CompletionRequest = p.req
         outs = sorted((a.out for a in answers), key=lambda o: o.index)
-        echoed = self.echoed(req, p)
+        prompt_tokens = sum(len(t.prompt_ids) for t in p.turns)
+        return self._completion(p.req, p.context["id"], outs, self.echoed(p.req, p), prompt_tokens)
+
+    def _completion(
+        self,
+        req: CompletionRequest,
+        cid: str,
+        outs: list[ChoiceOutput],
+        echoed: list[str],
+        prompt_tokens: int,
+    ) -> dict[str, Any]:
+        """A whole `Completion` (answered, or a retry's again): each text after its echo."""
         choices = []
         for o in outs:
-            lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, o.top_logprobs)
+            lp = logprobs(self.tokenizer, req, o.output_ids, o.logprobs, o.top_logprobs)
             choices.append(choice(o.index, echoed[o.index // req.n] + o.text, o.finish_reason, lp))
-        prompt_tokens = sum(len(t.prompt_ids) for t in p.turns)
         completion_tokens = sum(len(o.output_ids) for o in outs)
-        return body(
-            req, p.context["id"], choices=choices, usage=usage(prompt_tokens, completion_tokens)
-        )
+        return body(req, cid, choices=choices, usage=usage(prompt_tokens, completion_tokens))
 
     def echoed(self, req: CompletionRequest, p: Prepared | None = None) -> list[str]:
         """What `echo` puts before each prompt's answers: its tokens decoded ("" without
@@ -154,18 +160,10 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         return [*frames, SSE_DONE]
 
     def replay_body(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
-        echoed = self.echoed(req)
-        choices = []
-        for a in map(recorded_answer, rows):
-            o = a.out
-            lp = self.shapes.logprobs(req, o.output_ids, o.logprobs, None)
-            choices.append(choice(o.index, echoed[o.index // req.n] + o.text, o.finish_reason, lp))
+        outs = [recorded_answer(r).out for r in rows]
         # each prompt's tokens once: its first choice's
         prompt_tokens = sum(r["prompt_tokens"] for r in rows if r["choice_index"] % req.n == 0)
-        completion_tokens = sum(len(r["output_ids"]) for r in rows)
-        return body(
-            req, rows[0]["id"], choices=choices, usage=usage(prompt_tokens, completion_tokens)
-        )
+        return self._completion(req, rows[0]["id"], outs, self.echoed(req), prompt_tokens)
 
     def replay_frames(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         cid = rows[0]["id"]
