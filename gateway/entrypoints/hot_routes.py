@@ -34,22 +34,17 @@ def hot(endpoint: Handler) -> Handler:
     return endpoint
 
 
-def hot_routes(routers: Iterable[APIRouter]) -> dict[str, APIRoute]:
-    """The `hot` POST routes of `routers`, by exact path."""
-    return {
-        r.path: r
-        for router in routers
-        for r in router.routes
-        if isinstance(r, APIRoute) and "POST" in r.methods and getattr(r.endpoint, HOT, False)
-    }
-
-
 class GeneratingRoutes:
     """Pure ASGI middleware: an exact `POST` to a `hot` route is answered here."""
 
     def __init__(self, app: ASGIApp, routers: Iterable[APIRouter]) -> None:
         self.app = app
-        self.routes = hot_routes(routers)
+        self.routes = {  # the `hot` POST routes, by exact path
+            r.path: r
+            for router in routers
+            for r in router.routes
+            if isinstance(r, APIRoute) and "POST" in r.methods and getattr(r.endpoint, HOT, False)
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (

@@ -1,14 +1,11 @@
 """The one shape of a generating route: check the session key, parse the body, and hand
 the request to its endpoint's serving handler (`ServingEndpoint.handle_request`).
 
-Written as one plain handler rather than FastAPI parameters and dependencies: this runs
-for every turn of every agent, and resolving three dependencies plus FastAPI's
-json-then-validate body parsing cost more than the steps themselves. It is marked
-`hot`: a middleware answers it before FastAPI's router (hot_routes.py). The body is
-validated from its bytes once (pydantic's `model_validate_json`; where it extends the
-session's previous body, only its new part: incremental_body.py), the bytes hashed for
-retry detection, and errors keep the shapes FastAPI's own path gives (an unknown key is
-401 before a bad body is 400). The body's schema is still in the OpenAPI document.
+One plain handler, not FastAPI parameters and dependencies: this runs for every agent
+turn, and three dependencies plus FastAPI's json-then-validate parsing cost more than the
+steps themselves. The body is validated from its bytes once (only where new:
+incremental_body.py); errors keep the shapes FastAPI's path gives (an unknown key is 401
+before a bad body is 400).
 """
 
 from dataclasses import dataclass

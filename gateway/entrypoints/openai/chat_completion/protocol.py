@@ -1,7 +1,4 @@
-"""`POST /v1/chat/completions` shapes: the request body, `ChatCompletion` and chunks.
-
-Answers are plain dicts in the `openai` package's shapes, encoded once (see ChatShapes).
-"""
+"""`POST /v1/chat/completions` shapes: the request body, `ChatCompletion` and chunks."""
 
 from __future__ import annotations
 

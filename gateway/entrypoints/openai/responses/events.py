@@ -26,10 +26,8 @@ from gateway.sse import sse_event
 
 
 class ResponseChoice(BlockChoice):
-    """The one choice of a response: its output items and the SSE frames that announce
-    them, numbered by `sequence_number`. Reasoning opens (or continues) a reasoning item,
-    text a message item; either closes the other, and a tool call closes both and adds
-    a complete function_call item."""
+    """Frames numbered by `sequence_number`; reasoning is a reasoning item, text a message
+    item, a tool call a function_call item."""
 
     def __init__(self, start: Any, parser: OutputParser | None = None, emit: bool = True) -> None:
         """`start`: the response as `response.created` announces it (in progress)."""

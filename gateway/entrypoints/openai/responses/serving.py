@@ -1,11 +1,8 @@
 """Serving `POST /v1/responses` (the OpenAI Responses API, the Agents SDK's default).
 
-A Responses request is turned into chat messages (`instructions` -> a system message,
-`function_call` items -> assistant tool calls, `function_call_output` items -> tool
-messages) and then served like a chat completion: the same chat template, tool prompt
-and tool-call parser, the same template method. So a response is recorded like a chat
-completion (prompt ids, output ids, logprobs, versions, parent link) under its
-response id (`resp_<hex>`), and can be rewarded by it.
+A Responses request is turned into chat messages (protocol.to_messages) and served like
+a chat completion (the same template, tool parser and template method), so it is
+recorded like one (parent link included) under its response id, and rewarded by it.
 
 `previous_response_id` names an earlier response of the caller's own session: its
 input and output items are put before this request's input. The record is committed
@@ -36,10 +33,6 @@ from gateway.serving.turn import Answer, ChoiceOutput, Turn, recorded_answer
 from gateway.store.repository import SessionInfo
 
 
-def new_response_id() -> str:
-    return f"resp_{uuid.uuid4().hex}"
-
-
 class ResponsesServing(ServingEndpoint[ResponsesRequest]):
     endpoint = "responses"
     history_field = "input"  # a list where an agent resends its history (the Agents SDK)
@@ -56,7 +49,7 @@ class ResponsesServing(ServingEndpoint[ResponsesRequest]):
         messages = to_messages(items, req.instructions)
         prompt = await self.prompts.chat(session, messages, tools, req.tool_choice, self.FIELD)
         sampling = Sampling(req.max_output_tokens)
-        turn = self.turn(req, session, prompt, [new_response_id()], sampling)
+        turn = self.turn(req, session, prompt, [f"resp_{uuid.uuid4().hex}"], sampling)
         if req.previous_response_id is not None:
             turn.request["resolved_input"] = items  # what a later previous_response_id continues
         shape = ResponseContext(req, turn.ids[0], turn.params.temperature, turn.params.top_p)
