@@ -42,13 +42,6 @@ def _session_view(info: SessionInfo, usage: Usage) -> dict[str, Any]:
     }
 
 
-def _usage(state: GatewayState, info: SessionInfo, completions: list[dict[str, Any]]) -> Usage:
-    """What the session has used of its quotas: its records, plus what generates here."""
-    requests = sum(1 for c in completions if c["choice_index"] == 0)
-    tokens = sum(c["completion_tokens"] for c in completions)
-    return state.stages.admission.usage(info.id, (requests, tokens))
-
-
 def _owned_session(state: GatewayState, caller: Caller, session_id: str) -> SessionInfo:
     """404 both for unknown ids and for other sessions' ids: no existence leak."""
     info = state.repo.session(session_id) if caller.may_touch(session_id) else None
@@ -119,9 +112,13 @@ async def list_sessions(
 async def get_session(session_id: str, state: State, caller: AnyCaller) -> dict[str, Any]:
     info = await run_in_threadpool(_owned_session, state, caller, session_id)
     completions = await run_in_threadpool(state.repo.completions, session_id)
+    # its quotas' use: its records (requests counted by first choice), plus what generates now
+    requests = sum(1 for c in completions if c["choice_index"] == 0)
+    tokens = sum(c["completion_tokens"] for c in completions)
+    usage = state.stages.admission.usage(session_id, (requests, tokens))
     mismatched = sum(1 for c in completions if c["tokens_continue_parent"] is False)
     return {
-        **_session_view(info, _usage(state, info, completions)),
+        **_session_view(info, usage),
         "completions": completions,
         "stats": {
             "num_completions": len(completions),

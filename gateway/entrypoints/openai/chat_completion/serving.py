@@ -39,14 +39,12 @@ from gateway.store.repository import SessionInfo
 class ChatChoice(Choice):
     def __init__(self, index: int, p: Prepared, parser: OutputParser | None) -> None:
         super().__init__(index, parser, p.stream)
-        self.writer: ChunkWriter | None = p.context.get("writer")
+        self.writer: ChunkWriter = p.context.get("writer")  # (frames are asked of a stream only)
 
     def frames(self, events: list[Event], delta: TextDelta | None) -> list[bytes]:
-        assert self.writer is not None
         return self.writer.events(self.index, events, delta)
 
     def done(self, answer: Answer) -> list[bytes]:
-        assert self.writer is not None
         return [self.writer.finish(self.index, answer.finish_reason)]
 
 
