@@ -187,12 +187,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
             texts.append(str(block.get("text", "")))
         elif kind == "tool_result":
             flush()
-            result = block.get("content")
-            text = (
-                result
-                if isinstance(result, str)
-                else _text_blocks(result or [], f"{where}.content[{j}].content")
-            )
+            text = _result_text(block.get("content"), f"{where}.content[{j}].content")
             out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
         else:
             raise _unsupported(kind, f"{where}.content[{j}]", "user")
@@ -200,7 +195,10 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _text_blocks(blocks: Any, where: str) -> str:
+def _result_text(blocks: Any, where: str) -> str:
+    """A tool result's content: a string, or text blocks."""
+    if not blocks or isinstance(blocks, str):
+        return blocks or ""
     if not isinstance(blocks, list):
         raise bad_request(f"{where} must be a string or a list of blocks", where)
     texts = []
