@@ -8,11 +8,10 @@ completion.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import Select, and_, case, false, func, or_, select
+from sqlalchemy import Select, case, false, func, or_, select
 
 from gateway.store.schema import CompletionRow, SessionRow
 
@@ -65,7 +64,7 @@ def _meta_equals(key: str, value: str) -> Any:
     return or_(*tests)
 
 
-def summary_query(f: SessionFilter, limit: int, offset: int, now: float | None = None) -> Select:
+def summary_query(f: SessionFilter, limit: int, offset: int, now: float) -> Select:
     s, c = SessionRow.__table__, CompletionRow.__table__
     failures = func.coalesce(c.c.diagnostics["tool_parse_failures"].as_integer(), 0)
     q, counts = with_counts(
@@ -80,7 +79,6 @@ def summary_query(f: SessionFilter, limit: int, offset: int, now: float | None =
         },
         raw=("reward",),
     )
-    now = time.time() if now is None else now
     where = []
     if f.status == "ended":
         where.append(s.c.ended_at.is_not(None))
@@ -94,13 +92,10 @@ def summary_query(f: SessionFilter, limit: int, offset: int, now: float | None =
             count = func.coalesce(counts.c[name], 0)
             where.append(count > 0 if flag else count == 0)
     where += [_meta_equals(k, v) for k, v in f.metadata.items()]
-    if where:
-        q = q.where(and_(*where))
-    return q.order_by(s.c.created_at.desc(), s.c.id).limit(limit).offset(offset)
+    return q.where(*where).order_by(s.c.created_at.desc(), s.c.id).limit(limit).offset(offset)
 
 
-def summary_dict(r: Any, now: float | None = None) -> dict[str, Any]:
-    now = time.time() if now is None else now
+def summary_dict(r: Any, now: float) -> dict[str, Any]:
     status = "ended" if r.ended_at is not None else ("expired" if r.expires_at <= now else "active")
     return dict(
         id=r.id,

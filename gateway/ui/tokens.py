@@ -20,9 +20,9 @@ _MAX_CHAR_TOKENS = 4  # UTF-8 characters are at most 4 bytes
 
 
 class TokenTexts:
-    def __init__(self, tokenizer: Any, cache_size: int = 65_536) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._cache: LRU[int, str] = LRU(cache_size)
+        self._cache: LRU[int, str] = LRU(65_536)
 
     def _singles(self, ids: list[int]) -> list[str]:
         missing = sorted({i for i in ids if self._cache.get(i) is None})
@@ -45,7 +45,7 @@ class TokenTexts:
                 k += 1
                 continue
             for j in range(k + 1, min(len(ids), k + _MAX_CHAR_TOKENS) + 1):
-                group = self.text(ids[k:j])
+                group = self.tokenizer.decode(ids[k:j], skip_special_tokens=False)
                 if not group.endswith(_BROKEN):
                     out += [""] * (j - k - 1) + [group]
                     k = j
@@ -54,9 +54,6 @@ class TokenTexts:
                 out.append(singles[k])
                 k += 1
         return out
-
-    def text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def logprob_band(logprob: float | None) -> int:
