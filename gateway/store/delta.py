@@ -229,8 +229,6 @@ class Rebuilder:
 
     def one(self, row: Any) -> Full:
         """One row whole, built in place along its chain (nothing of it is kept)."""
-        if row["id"] in self._full:
-            return self._full[row["id"]]
         chain = self._chain(row, {})[::-1]  # from a whole row down to this one
         request, prompt = chain[0]["request"], unpack_ints(chain[0]["prompt_ids"])
         output = unpack_ints(chain[0]["output_ids"])
@@ -244,8 +242,7 @@ class Rebuilder:
 
 
 def by_id(rows: Iterable[Any]) -> Callable[[str], Any]:
-    table = {r["id"]: r for r in rows}
-    return table.get
+    return {r["id"]: r for r in rows}.get
 
 
 _MISSING = object()
