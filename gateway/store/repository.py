@@ -39,8 +39,8 @@ class SessionInfo(SessionTerms):
     def ended(self) -> bool:
         return self.ended_at is not None
 
-    def expired(self, now: float | None = None) -> bool:
-        return (now or time.time()) >= self.expires_at
+    def expired(self) -> bool:
+        return time.time() >= self.expires_at
 
 
 class Repository:
