@@ -19,7 +19,7 @@ Registered as "math-multi-turn". Use it from a trainer config with
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ class _Trajectory:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     reward: float = 0.0
-    turns: int = 0
+    num_turns: int = 0
     done: bool = False
 
     def add(
@@ -61,17 +61,10 @@ class _Trajectory:
         self.loss_mask += [int(generated)] * len(ids)
         self.logprobs += logprobs if generated else [0.0] * len(ids)
         self.versions += (versions or []) if generated else [-1] * len(ids)
-        self.turns += int(generated)
+        self.num_turns += int(generated)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "input_ids": self.input_ids,
-            "loss_mask": self.loss_mask,
-            "logprobs": self.logprobs,
-            "versions": self.versions,
-            "reward": self.reward,
-            "num_turns": self.turns,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "done"}
 
 
 class MathMultiTurnQueueAgent(Agent):
@@ -96,32 +89,23 @@ class MathMultiTurnQueueAgent(Agent):
         self.gconfig = GenerationHyperparameters.coerce(gconfig, self.renderer.stop_token_ids)
         self.num_turns = num_turns
         self.turn_penalty = turn_penalty
-        self._feedback = self._user_turn_tokens(RETRY_MESSAGE)
-        # closes an assistant turn that ran out of tokens before its end token
-        self._close_turn = self.tokenizer.encode(
-            self.tokenizer.decode([self.renderer.eos_token_id]), add_special_tokens=False
-        )
+        # what follows an answer: the retry message as a user turn, then the assistant's
+        # header; after an answer cut off before its end token, that token first
+        self._feedback = self._after_answer([self.renderer.eos_token_id])
+        self._feedback_after_cut = self._after_answer([])
 
-    def _user_turn_tokens(self, text: str) -> list[int]:
-        """Tokens that follow an assistant turn's end token: a user turn, then the
-        assistant's header. Rendered after a stand-in system turn and cut off, so that
-        templates that add a default system prompt do not repeat it here."""
-        tok = self.tokenizer
-        head = [{"role": "system", "content": "-"}]
-        before = tok.apply_chat_template(head, tokenize=False)
-        full = tok.apply_chat_template(
-            head + [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        if full.startswith(before):
-            suffix = full[len(before) :]
-            # the text between an end token and the next turn (ChatML: a newline)
-            end = tok.decode([self.renderer.eos_token_id])
-            gap = before[before.rfind(end) + len(end) :] if end and end in before else ""
-            return tok.encode(gap + suffix, add_special_tokens=False)
-        alone = tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        return tok.encode(alone, add_special_tokens=False)
+    def _after_answer(self, answer: list[int]) -> list[int]:
+        """The template's own tokens after `answer`'s, as `render_token_exact` finds them
+        (so no default system prompt is repeated)."""
+        turns = [
+            {"role": "user", "content": "-"},
+            {"role": "assistant", "content": "-"},
+            {"role": "user", "content": RETRY_MESSAGE},
+        ]
+        rendered = self.renderer.render_token_exact(turns, 2, ([], answer))
+        if rendered.fallback is not None:
+            raise ValueError(f"cannot render the feedback turn on its own: {rendered.fallback}")
+        return list(rendered.ids[len(answer) :])
 
     def _prompt_ids(self, prompt: dict[str, Any]) -> list[int]:
         messages = prompt.get("messages") or [{"role": "user", "content": prompt["question"]}]
@@ -184,9 +168,7 @@ class MathMultiTurnQueueAgent(Agent):
                     traj.done = True
                 else:
                     act, j = got[i]
-                    if act.no_eos[j]:
-                        traj.add(self._close_turn)
-                    traj.add(self._feedback)
+                    traj.add(self._feedback_after_cut if act.no_eos[j] else self._feedback)
             reward_if_right *= self.turn_penalty
             if all(t.done for t in trajs):
                 break
