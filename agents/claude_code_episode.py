@@ -18,7 +18,7 @@ import os
 import socket
 import struct
 import sys
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from importlib import metadata
 from typing import Any
 
@@ -32,7 +32,7 @@ from claude_agent_sdk import (
     UserMessage,
     query,
 )
-from claude_code_relay import Relay
+from claude_code_relay import tcp_to_unix
 
 RESULT_PREFIX = "CLIENT-RESULT "
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
@@ -69,10 +69,6 @@ def loopback_only() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
 
 
-def plain(value: Any) -> Any:
-    return asdict(value) if is_dataclass(value) else value
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     options = ClaudeAgentOptions(
         tools=["Bash"],
@@ -94,28 +90,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     seen: dict[str, Any] = {
         "tool_uses": [], "tool_results": [], "texts": [], "models": [], "stop_reasons": []
     }  # fmt: skip
-    async for message in query(prompt=args.prompt, options=options):
-        if isinstance(message, AssistantMessage):
-            seen["models"].append(message.model)
-            seen["stop_reasons"].append(message.stop_reason)
-            for block in message.content:
-                if isinstance(block, ToolUseBlock):
-                    seen["tool_uses"].append(plain(block))
-                elif isinstance(block, TextBlock):
-                    seen["texts"].append(block.text)
-            if args.answers and len(seen["models"]) >= args.answers:
-                break  # (closing the query ends the CLI)
-        elif isinstance(message, UserMessage) and isinstance(message.content, list):
-            for block in message.content:
-                if isinstance(block, ToolResultBlock):
-                    seen["tool_results"].append(plain(block))
-        elif isinstance(message, ResultMessage):
-            seen["result"] = {
-                "subtype": message.subtype,
-                "is_error": message.is_error,
-                "num_turns": message.num_turns,
-                "result": message.result,
-            }
+    relay = await tcp_to_unix(args.port, args.socket)  # the gateway, as the CLI reaches it
+    try:
+        async for message in query(prompt=args.prompt, options=options):
+            if isinstance(message, AssistantMessage):
+                seen["models"].append(message.model)
+                seen["stop_reasons"].append(message.stop_reason)
+                for block in message.content:
+                    if isinstance(block, ToolUseBlock):
+                        seen["tool_uses"].append(asdict(block))
+                    elif isinstance(block, TextBlock):
+                        seen["texts"].append(block.text)
+                if args.answers and len(seen["models"]) >= args.answers:
+                    break  # (closing the query ends the CLI)
+            elif isinstance(message, UserMessage) and isinstance(message.content, list):
+                for block in message.content:
+                    if isinstance(block, ToolResultBlock):
+                        seen["tool_results"].append(asdict(block))
+            elif isinstance(message, ResultMessage):
+                seen["result"] = {
+                    "subtype": message.subtype,
+                    "is_error": message.is_error,
+                    "num_turns": message.num_turns,
+                    "result": message.result,
+                }
+    finally:
+        relay.close()
     return seen
 
 
@@ -123,11 +123,7 @@ def main() -> None:
     args = parse_args()
     loopback_only()
     os.makedirs(args.workdir, exist_ok=True)
-    relay = Relay(tcp_port=args.port, unix_path=args.socket, listen_on="tcp").start()
-    try:
-        seen = asyncio.run(run(args))
-    finally:
-        relay.stop()
+    seen = asyncio.run(run(args))
     seen["versions"] = {"claude-agent-sdk": metadata.version("claude-agent-sdk")}
     print(RESULT_PREFIX + json.dumps(seen, default=str), flush=True)
 

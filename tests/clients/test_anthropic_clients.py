@@ -41,7 +41,7 @@ from gateway.inference.base import EngineError
 from gateway.server import BackgroundGateway
 
 sys.path.insert(0, str(SCRIPTS.parents[2] / "agents"))
-from claude_code_relay import Relay  # noqa: E402
+from claude_code_relay import unix_to_tcp  # noqa: E402
 
 pytestmark = pytest.mark.clients
 RESULT_PREFIX = "CLIENT-RESULT "
@@ -177,7 +177,7 @@ def claude_code(
     if os.geteuid() != 0:
         pytest.fail("Claude Code runs inside `unshare -n`, which needs root", pytrace=False)
     socket = str(workdir.parent / "gateway.sock")
-    relay = Relay(tcp_port=gateway.config.port, unix_path=socket, listen_on="unix").start()
+    relay = gateway.call(unix_to_tcp(socket, gateway.config.port))  # on the gateway's loop
     env = {k: v for k, v in client_env("", key).items() if not k.startswith("ANTHROPIC_")}
     env.update(extra_env)
     args = ["claude_code_agent.py", "--socket", socket, "--api-key", key]
@@ -186,7 +186,7 @@ def claude_code(
     try:
         return run_script(python, args, env, prefix=["unshare", "-n"], timeout_s=timeout_s)
     finally:
-        relay.stop()
+        gateway.loop.call_soon_threadsafe(relay.close)
 
 
 def test_claude_code_bash_round_trip_is_recorded(gateway_factory, new_session, tokenizer, tmp_path):
