@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import torch
 
-from bench.report import ROOT, arguments, measured_on, medians, section, table, write_section
+from bench.report import ROOT, alternate, arguments, measured_on, medians, publish, section, table
 from gateway.inference.base import SamplingParams
 from gateway.inference.embedded import EmbeddedEngine
 from gateway.inference.model_source import resolve_model_dir
@@ -36,31 +35,30 @@ def demo_prompts(rows: int) -> list[list[int]]:
     return prompts
 
 
-async def one_batch(engine: EmbeddedEngine, prompts: list[list[int]]) -> float:
+async def one_batch(engine: EmbeddedEngine, prompts: list[list[int]]) -> None:
     params = SamplingParams(temperature=0.7, max_new_tokens=48, seed=0, stop_token_ids=[2])
-    start = time.perf_counter()
     await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    return time.perf_counter() - start
 
 
-async def run(rounds: int, rows: int) -> dict:
+def run(rounds: int, rows: int) -> dict:
     prompts = demo_prompts(rows)
     engines = {
         "shared prefix": EmbeddedEngine(None, max_batch_size=64, share_prefix=True),
         "per-row prefill": EmbeddedEngine(None, max_batch_size=64, share_prefix=False),
     }
+    loop = asyncio.new_event_loop()  # the engines' loop, entered once per batch
     for engine in engines.values():
-        await engine.start()
-        await one_batch(engine, prompts[:2])  # warm up
-    times: dict[str, list[float]] = {name: [] for name in engines}
-    order = list(engines)
-    for _ in range(rounds):
-        for name in order:
-            times[name].append(await one_batch(engines[name], prompts))
-        order.reverse()
+        loop.run_until_complete(engine.start())
+        loop.run_until_complete(one_batch(engine, prompts[:2]))  # warm up
+    steps = {
+        name: lambda engine=engine: loop.run_until_complete(one_batch(engine, prompts))
+        for name, engine in engines.items()
+    }
+    times = alternate(steps, rounds, warm_up=False)
     shared = engines["shared prefix"].prefix_tokens_shared
     for engine in engines.values():
-        await engine.close()
+        loop.run_until_complete(engine.close())
+    loop.close()
     med = medians(times)
     return {
         "rows": rows,
@@ -76,24 +74,23 @@ def main() -> None:
     parser = arguments(__doc__, rounds=3)
     parser.add_argument("--rows", type=int, default=32)
     args = parser.parse_args()
-    result = asyncio.run(run(args.rounds, args.rows))
+    result = run(args.rounds, args.rows)
     print(json.dumps(result))
-    if args.write_docs:
-        rows = [
-            {"engine": k, "median s per batch": v, "each round s": result["rounds_s"][k]}
-            for k, v in result["median_s"].items()
-        ]
-        lines = [
-            f"{measured_on()}, torch {torch.__version__}, {torch.get_num_threads()} threads: "
-            f"`python -m bench.engine_batch --rounds {args.rounds} --rows {args.rows}`: "
-            f"{args.rows} demo prompts (mean {result['prompt_tokens_mean']} tokens) at once, "
-            "temperature 0.7, up to 48 new tokens; median of alternating rounds.",
-            "",
-            *table(rows, "lrl"),
-            "",
-            f"Shared-prefix prefill is **{result['speedup']:.2f}x** faster on this batch.",
-        ]
-        write_section(section("engine-batch", "bench/engine_batch.py", lines))
+    rows = [
+        {"engine": k, "median s per batch": v, "each round s": result["rounds_s"][k]}
+        for k, v in result["median_s"].items()
+    ]
+    lines = [
+        f"{measured_on()}, torch {torch.__version__}, {torch.get_num_threads()} threads: "
+        f"`python -m bench.engine_batch --rounds {args.rounds} --rows {args.rows}`: "
+        f"{args.rows} demo prompts (mean {result['prompt_tokens_mean']} tokens) at once, "
+        "temperature 0.7, up to 48 new tokens; median of alternating rounds.",
+        "",
+        *table(rows, "lrl"),
+        "",
+        f"Shared-prefix prefill is **{result['speedup']:.2f}x** faster on this batch.",
+    ]
+    publish(args, section("engine-batch", "bench/engine_batch.py", lines))
 
 
 if __name__ == "__main__":

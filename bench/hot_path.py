@@ -21,7 +21,6 @@ import os
 import platform
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,8 +32,8 @@ from pathlib import Path
 from bench import engine_server
 from bench.load import Conversation, LevelResult, Record, create_sessions, run_level, run_long
 from bench.procs import TURNSTILE, Child, Children, can_pin, free_port, run_children
-from bench.report import ROOT, arguments, cpu_name, section, table, write_section
-from bench.store_check import check_store
+from bench.replicas import stored_completions
+from bench.report import ROOT, arguments, cpu_name, publish, section, table
 
 PASS, GATEWAY = "pass-through", "gateway"
 # Which library a py-spy sample is charged to: the innermost frame whose file matches.
@@ -111,19 +110,13 @@ def git(*args: str) -> str:
 
 def machine() -> str:
     """The machine, the commit and the libraries on the path: what the figures depend on."""
-    pkgs = []
-    for name in ("fastapi", "uvicorn", "httpx", "tokenizers", "transformers", "uvloop"):
-        try:
-            pkgs.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            pkgs.append(f"{name} not installed")
+    libraries = ("fastapi", "uvicorn", "httpx", "tokenizers", "transformers", "uvloop")
+    pkgs = ", ".join(f"{name} {metadata.version(name)}" for name in libraries)
     dirty = " + uncommitted changes" if git("status", "--porcelain", "-uno") != "unknown" else ""
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Measured {when} at commit `{git('rev-parse', '--short', 'HEAD')}`{dirty} on "
-        f"{os.cpu_count()} cores ({cpu_name()}), Python {platform.python_version()}; "
-        + ", ".join(pkgs)
-        + "."
+        f"{os.cpu_count()} cores ({cpu_name()}), Python {platform.python_version()}; {pkgs}."
     )
 
 
@@ -149,6 +142,40 @@ def storage(db: Path, sessions: set[str | None]) -> tuple[float, float]:
         final.append(4 * ids + len(json.dumps(last["request"])))
     repo.db.dispose()
     return statistics.fmean(per_session[sid] for sid in ours), statistics.fmean(final)
+
+
+def check_store(db_path: Path, records: list[Record]) -> tuple[bool, str]:
+    """Whether every 200 is stored once, under its session; and the verdict in words,
+    with how many later turns are linked to their parent and continue its tokens."""
+    rows = stored_completions(f"sqlite:///{db_path}").values()
+    stored = {r["id"]: r for r in rows if r["endpoint"] == "chat.completions"}
+    ids = [r.response_id for r in records]
+    duplicates = len(ids) - len(set(ids))
+    missing = sum(i not in stored for i in ids)
+    found = [r for r in records if r.response_id in stored]
+    wrong_session = sum(stored[r.response_id]["session_id"] != r.session_id for r in found)
+    by_turn = {(r.conversation, r.turn): r.response_id for r in found}
+    later = [(stored[r.response_id], r) for r in found if r.turn > 0]
+    linked = sum(
+        row["parent_id"] is not None
+        and row["parent_id"] == by_turn.get((r.conversation, r.turn - 1))
+        for row, r in later
+    )
+    ok = len(records) == len(stored) and not (missing or wrong_session or duplicates)
+    text = (
+        f"{'PASS' if ok else 'FAIL'}: {len(records)} answered (HTTP 200), {len(stored)} chat "
+        f"completions in the store, {missing} answered ids missing, {wrong_session} under "
+        "the wrong session"
+    )
+    if duplicates:
+        text += f", {duplicates} ids answered twice"
+    if later:
+        continues = sum(bool(row["tokens_continue_parent"]) for row, _ in later)
+        text += (
+            f"; later turns linked to their parent: {linked}/{len(later)}, "
+            f"prompt tokens continue the parent's: {continues}/{len(later)}"
+        )
+    return ok, text
 
 
 def profile_table(raw: Path) -> list[str]:
@@ -251,17 +278,12 @@ class Bench:
         raw.parent.mkdir(parents=True, exist_ok=True)
         # py-spy from PATH, else beside this interpreter (a venv that is not activated)
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        spy = subprocess.Popen(
-            [py_spy, "record", "--format", "raw", "-r", "100", "-p", str(server.pid),
-             "-o", str(raw)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        argv = [py_spy, "record", "--format", "raw", "-r", "100", "-p", str(server.pid)]
+        spy = self.children.start(f"py-spy{name}", [*argv, "-o", str(raw)])
         try:
             await work
         finally:
-            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT, not SIGTERM
-            spy.wait(timeout=60)
+            spy.stop(grace_s=60)  # SIGINT: py-spy writes its file then, not on SIGTERM
         return profile_table(raw)
 
     async def long_run(self, server: Child, path: str, url: str, sessions: int) -> Run:
@@ -321,11 +343,7 @@ class Bench:
         if failed or not store_ok:
             print(f"FAIL: {failed} failed requests; store check ok={store_ok}; docs untouched")
             return 1
-        sections = [section, self.long_section(db)] if self.long else [section]
-        for text in sections:
-            print(text)
-            if self.args.write_docs:
-                write_section(text)
+        publish(self.args, section, *([self.long_section(db)] if self.long else []))
         return 0
 
     def long_section(self, db: Path) -> str:

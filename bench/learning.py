@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.report import ROOT
+from bench.report import ROOT, read_jsonl
 
 PROBE = re.compile(r"machine probe: ([0-9.]+) s")
 
@@ -72,8 +72,8 @@ def summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
     lowest training reward over the second half of the steps."""
     text = (run_dir / "stdout.log").read_text(errors="replace")
     probe = PROBE.search(text)
-    rows = _jsonl(run_dir / "metrics.jsonl")
-    evals = _jsonl(run_dir / "eval.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    evals = read_jsonl(run_dir / "eval.jsonl")
     rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
     half = rewards[len(rewards) // 2 :]
     out: dict[str, Any] = {
@@ -92,12 +92,6 @@ def summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
             apart=after["accuracy_ci"][0] > before["accuracy_ci"][1],
         )  # fmt: skip
     return out
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def passed(row: dict[str, Any]) -> bool:
@@ -130,7 +124,7 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def write_table(out: Path, min_median_gain: float) -> tuple[bool, str]:
-    rows = _jsonl(out / "results.jsonl")
+    rows = read_jsonl(out / "results.jsonl")
     gains = [r.get("gain", float("-inf")) for r in rows]
     ok = bool(rows) and all(map(passed, rows)) and statistics.median(gains) >= min_median_gain
     verdict = (

@@ -110,9 +110,9 @@ class Child:
 class Children:
     """Every child of the run; `stop_all()` (in a `finally`) ends each of them by PID."""
 
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.env = env
+        self.env = checkout_env()
         self.items: list[Child] = []
 
     def start(self, name: str, argv: list[str], health: str | None = None) -> Child:
@@ -145,7 +145,7 @@ def run_children(prefix: str) -> Iterator[Children]:
     """A run's children, logging into a new temp folder: all stopped by PID at the end;
     the folder (logs, stores of ~100 MB) removed, unless the run failed."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
-    children, ok = Children(work, checkout_env()), False
+    children, ok = Children(work), False
     try:
         yield children
         ok = True

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.postgres import PostgresServer
 from bench.replicas import Agents, Outcome, Replicas, lost_or_wrong, stored_completions
-from bench.report import ROOT, arguments, measured_on, percentile, section, table, write_section
+from bench.report import ROOT, arguments, measured_on, percentile, publish, section, table
 
 
 @dataclass
@@ -54,11 +54,6 @@ class Row:
         }
 
 
-def replicas(args: argparse.Namespace, pg: PostgresServer, work: Path) -> Replicas:
-    """Three replicas on a new database of `pg`."""
-    return Replicas(3, pg.create_database(), work, ["--fake-delay-s", str(args.fake_delay_s)])
-
-
 def check(scenario: str, replicas: Replicas, outcome: Outcome, note: str = "") -> Row:
     problems = lost_or_wrong(outcome, stored_completions(replicas.database))
     for p in problems[:10]:
@@ -66,6 +61,11 @@ def check(scenario: str, replicas: Replicas, outcome: Outcome, note: str = "") -
     row = Row(scenario, outcome, len(problems), note)
     print(f"{scenario}: {row.statuses} lost={row.lost} in {outcome.elapsed_s:.1f} s")
     return row
+
+
+def agents(args: argparse.Namespace, reps: Replicas, seed: int) -> Agents:
+    """A scenario's agents: every fourth answered turn also re-sent as a client retry."""
+    return Agents(reps, args.sessions, args.turns, retry_every=4, seed=seed)
 
 
 async def a_third_in(agents: Agents) -> asyncio.Future[Outcome]:
@@ -76,46 +76,44 @@ async def a_third_in(agents: Agents) -> asyncio.Future[Outcome]:
     return run
 
 
-async def load(args: argparse.Namespace, pg: PostgresServer, work: Path) -> list[Row]:
+async def load(args: argparse.Namespace, pg: PostgresServer, reps: Replicas) -> list[Row]:
     rows = []
-    with replicas(args, pg, work / "load") as reps:
-        for run in range(args.runs):
-            agents = Agents(reps, args.sessions, args.turns, retry_every=4, seed=run)
-            rows.append(check(f"load, run {run + 1}", reps, await agents.run()))
+    for run in range(args.runs):
+        rows.append(check(f"load, run {run + 1}", reps, await agents(args, reps, run).run()))
     return rows
 
 
-async def kill(args: argparse.Namespace, pg: PostgresServer, work: Path) -> list[Row]:
-    with replicas(args, pg, work / "kill") as reps:
-        agents = Agents(reps, args.sessions, args.turns, retry_every=4, seed=100)
-        run = await a_third_in(agents)
-        agents.down.add(0)
-        reps.kill(0)
-        outcome = await run
-        restart_s = await asyncio.to_thread(reps.restart, 0)
-        note = (f"replica 0 SIGKILLed after {args.sessions * args.turns // 3} answers; "
-                f"{outcome.connection_errors} requests cut or refused, re-sent elsewhere; "
-                f"restarted healthy in {restart_s:.1f} s")  # fmt: skip
-        return [check("kill -9 of a replica", reps, outcome, note)]
+async def kill(args: argparse.Namespace, pg: PostgresServer, reps: Replicas) -> list[Row]:
+    team = agents(args, reps, 100)
+    run = await a_third_in(team)
+    team.down.add(0)
+    reps.kill(0)
+    outcome = await run
+    restart_s = await asyncio.to_thread(reps.restart, 0)
+    note = (f"replica 0 SIGKILLed after {args.sessions * args.turns // 3} answers; "
+            f"{outcome.connection_errors} requests cut or refused, re-sent elsewhere; "
+            f"restarted healthy in {restart_s:.1f} s")  # fmt: skip
+    return [check("kill -9 of a replica", reps, outcome, note)]
 
 
-async def postgres_outage(args: argparse.Namespace, pg: PostgresServer, work: Path) -> list[Row]:
-    with replicas(args, pg, work / "pg") as reps:
-        run = await a_third_in(Agents(reps, args.sessions, args.turns, retry_every=4, seed=200))
-        await asyncio.to_thread(pg.stop, "immediate")
-        await asyncio.sleep(args.outage_s)
-        began = time.monotonic()
-        await asyncio.to_thread(pg.start)
-        start_s = time.monotonic() - began
-        outcome = await run
-        refused = Counter(s.code for s in outcome.sent if s.status != 200)
-        note = (f"PostgreSQL stopped (immediate), started again {args.outage_s:g} s later "
-                f"(its start and crash recovery took {start_s:.1f} s more): "
-                f"{outcome.refused_503} responses (chat, reward, retry) were 503 "
-                f"`store_unavailable` with `retry-after`, each retried by its client; "
-                f"{outcome.connection_errors} connection errors; "
-                f"final non-200: {dict(refused) or 0}; no gateway restarted")  # fmt: skip
-        return [check(f"PostgreSQL down {args.outage_s:g} s", reps, outcome, note)]
+async def postgres_outage(
+    args: argparse.Namespace, pg: PostgresServer, reps: Replicas
+) -> list[Row]:
+    run = await a_third_in(agents(args, reps, 200))
+    await asyncio.to_thread(pg.stop, "immediate")
+    await asyncio.sleep(args.outage_s)
+    began = time.monotonic()
+    await asyncio.to_thread(pg.start)
+    start_s = time.monotonic() - began
+    outcome = await run
+    refused = Counter(s.code for s in outcome.sent if s.status != 200)
+    note = (f"PostgreSQL stopped (immediate), started again {args.outage_s:g} s later "
+            f"(its start and crash recovery took {start_s:.1f} s more): "
+            f"{outcome.refused_503} responses (chat, reward, retry) were 503 "
+            f"`store_unavailable` with `retry-after`, each retried by its client; "
+            f"{outcome.connection_errors} connection errors; "
+            f"final non-200: {dict(refused) or 0}; no gateway restarted")  # fmt: skip
+    return [check(f"PostgreSQL down {args.outage_s:g} s", reps, outcome, note)]
 
 
 SCENARIOS = {"load": load, "kill": kill, "postgres": postgres_outage}
@@ -142,10 +140,11 @@ async def main_async(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="turnstile-reliability-"))
     rows: list[Row] = []
     with PostgresServer(fsync=True) as pg:
-        for name in args.only or list(SCENARIOS):
-            rows += await SCENARIOS[name](args, pg, work)
-    if args.write_docs:
-        write_section(doc_section(args, rows), ROOT / "docs" / "reliability.md")
+        for name in args.only or list(SCENARIOS):  # three replicas on a new database each
+            extra = ["--fake-delay-s", str(args.fake_delay_s)]
+            with Replicas(3, pg.create_database(), work / name, extra) as reps:
+                rows += await SCENARIOS[name](args, pg, reps)
+    publish(args, doc_section(args, rows), path=ROOT / "docs" / "reliability.md")
     print("logs:", work)
     return 1 if any(r.lost or any(k >= 500 for k in r.statuses) for r in rows) else 0
 

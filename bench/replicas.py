@@ -17,7 +17,7 @@ import aiohttp
 import sqlalchemy as sa
 
 from bench.load import create_session
-from bench.procs import TURNSTILE, Child, Children, checkout_env, free_port
+from bench.procs import TURNSTILE, Child, Children, free_port
 
 RETRY_HEADER = "x-stainless-retry-count"  # what OpenAI SDKs send on a retry
 MAX_RETRIES = 30
@@ -31,7 +31,7 @@ class Replicas:
         self, n: int, database: str, work: Path, extra_args: list[str] | None = None
     ) -> None:
         work.mkdir(parents=True, exist_ok=True)
-        self.children = Children(work, checkout_env())
+        self.children = Children(work)
         self.database = database
         self.admin_key = "adm-" + secrets.token_hex(16)
         self.extra_args = extra_args or []
@@ -248,17 +248,16 @@ class Agents:
 
 # ---- what the store holds --------------------------------------------------------------
 def stored_completions(database: str) -> dict[str, dict[str, Any]]:
-    """Every stored completion: id -> {session_id, parent_id, reward}."""
+    """Every stored completion: id -> {session_id, parent_id, reward, endpoint,
+    tokens_continue_parent}."""
+    columns = "session_id, parent_id, reward, endpoint, tokens_continue_parent"
     engine = sa.create_engine(database)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text("SELECT id, session_id, parent_id, reward FROM completions")
-            ).all()
+            rows = conn.execute(sa.text(f"SELECT id, {columns} FROM completions")).all()
     finally:
         engine.dispose()
-    return {r.id: dict(session_id=r.session_id, parent_id=r.parent_id, reward=r.reward)
-            for r in rows}  # fmt: skip
+    return {r.id: r._asdict() for r in rows}
 
 
 def lost_or_wrong(outcome: Outcome, stored: dict[str, dict[str, Any]]) -> list[str]:

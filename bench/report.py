@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +45,21 @@ def write_section(text: str, path: Path = DOC) -> None:
         path.write_text(old.rstrip("\n") + "\n\n" + text + "\n")
 
 
+def publish(args: argparse.Namespace, *texts: str, path: Path = DOC) -> None:
+    """Print each section, and write it into `path` unless the run has `--no-docs`."""
+    for text in texts:
+        print(text)
+        if args.write_docs:
+            write_section(text, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (metrics.jsonl, results.jsonl); none if it is absent."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def table(rows: Sequence[dict[str, object]], align: str) -> list[str]:
     """A markdown table of `rows`, each by column (the first row's keys head it); `align`
     has a letter per column, `l` or `r`."""
@@ -56,12 +73,8 @@ def table(rows: Sequence[dict[str, object]], align: str) -> list[str]:
 
 def cpu_name() -> str:
     """The CPU's model name, as the figures' sections name the machine."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    return next(names, "unknown CPU")
+    names = re.findall(r"^model name\s*: (.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    return names[0].strip() if names else "unknown CPU"
 
 
 def measured_on() -> str:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import time
 
 import aiohttp
 
 from bench import engine_server
 from bench.load import create_session
-from bench.procs import TURNSTILE, Child, free_port, run_children
-from bench.report import arguments, measured_on, section, table, write_section
+from bench.procs import Child, run_children
+from bench.replicas import Replicas
+from bench.report import arguments, measured_on, publish, section, table
 
 SYSTEM = "You are a careful assistant. Answer briefly and show your work. " * 5
 
@@ -111,30 +111,25 @@ def doc_section(
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    admin = "adm-" + secrets.token_hex(16)
-    port = free_port()
     with run_children("turnstile-rss-") as children:
-        db = str(children.log_dir / "gateway.db")
-        argv = [TURNSTILE, "serve", "--port", str(port), "--database", db,
-                "--admin-key", admin, "--engine", "fake"]  # fmt: skip
+        engine: list[str] = []  # Replicas' own: --engine fake
         if args.engine == "external":
-            url = engine_server.start(children)
-            argv[-1:] = ["sglang", "--engine-url", url]  # instead of "fake"
-        server = children.start("gateway", argv, f"http://127.0.0.1:{port}/healthz")
-        url = f"http://127.0.0.1:{port}/v1"
-        start = {"ready": rss_mb(server)}
-        async with aiohttp.ClientSession() as http:
-            await one_session(http, url, admin, -1, args.turns)
-        start["first"] = rss_mb(server)
-        heavy = heavy_files(server)
-        print(f"ready {start['ready']:.1f} MB, after one session {start['first']:.1f} MB; "
-              f"torch/transformers files mapped: {heavy or 'none'}", flush=True)  # fmt: skip
-        every = range(args.every, args.sessions + 1, args.every)
-        rss = await drive(server, url, admin, args, {args.first, args.sessions, *every})
+            engine = ["--engine", "sglang", "--engine-url", engine_server.start(children)]
+        db = str(children.log_dir / "gateway.db")
+        with Replicas(1, db, children.log_dir, engine) as reps:
+            server, url, admin = reps.procs[0], reps.urls[0], reps.admin_key
+            start = {"ready": rss_mb(server)}
+            async with aiohttp.ClientSession() as http:
+                await one_session(http, url, admin, -1, args.turns)
+            start["first"] = rss_mb(server)
+            heavy = heavy_files(server)
+            print(f"ready {start['ready']:.1f} MB, after one session {start['first']:.1f} MB; "
+                  f"torch/transformers files mapped: {heavy or 'none'}", flush=True)  # fmt: skip
+            every = range(args.every, args.sessions + 1, args.every)
+            rss = await drive(server, url, admin, args, {args.first, args.sessions, *every})
     ratio = rss[args.sessions] / rss[args.first]
     print(f"RSS {args.sessions} / {args.first} sessions: {ratio:.3f}x")
-    if args.write_docs:
-        write_section(doc_section(args, start, heavy, rss))
+    publish(args, doc_section(args, start, heavy, rss))
     small = args.engine != "external" or (
         max(start["first"], rss[args.sessions]) <= 150 and not heavy
     )

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.report import ROOT, arguments, measured_on, section, table, write_section
+from bench.report import ROOT, arguments, measured_on, publish, read_jsonl, section, table
 
 
 def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
@@ -32,7 +32,7 @@ def run(mode: str, staleness: int, steps: int, out: Path) -> dict:
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     later = rows[1:] or rows  # the first step pays for start-up in both modes
 
     per_step = ("step_s", "rollout_wait_s", "train_s", "staleness_mean")
@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / args.out
     results = [run("sync", 0, args.steps, out), run("async", 1, args.steps, out)]
     (out.parent / "async_vs_sync.json").write_text(json.dumps(results, indent=2))
-    text = doc_section(results, args.steps)
-    print(text)
-    if args.write_docs:
-        write_section(text)
+    publish(args, doc_section(results, args.steps))
     return 0
 
 

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 
 import torch
 
-from bench.report import alternate, arguments, measured_on, medians, section, table, write_section
-
-os.environ.setdefault("MASTER_PORT", "29541")
+from bench.report import alternate, arguments, measured_on, medians, publish, section, table
 
 
 def samples(n_seqs: int, tokens: int, seed: int = 0, group: int = 1) -> list[dict]:
@@ -112,8 +109,7 @@ def main() -> None:
     if "unshared" in med:
         result["speedup"] = round(med["unshared"] / med["trainer"], 3)
     print(json.dumps(result))
-    if args.write_docs:
-        write_section(doc_section(args, result))
+    publish(args, doc_section(args, result))
 
 
 def doc_section(args: argparse.Namespace, result: dict) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.report import alternate, arguments, measured_on, medians, section, table, write_section
+from bench.report import alternate, arguments, measured_on, medians, publish, section, table
 from gateway.inference.model_source import load_causal_lm, resolve_model_dir
 from trainer.backend.weight_push import WeightPush, gateway_root
 
@@ -130,8 +130,7 @@ def main() -> None:
     if args.vllm_url:
         results["vLLM CPU"] = run(args.rounds, args.vllm_url)
     print(results)
-    if args.write_docs:
-        write_section(doc_section(results, args.rounds))
+    publish(args, doc_section(results, args.rounds))
 
 
 if __name__ == "__main__":
