@@ -91,7 +91,7 @@ class KeyRing:
         self.admin_key = admin_key
         # its digest, compared in constant time with an offered key's: equal lengths, so
         # not even the key's length shows in the time a comparison takes
-        self._admin_digest = None if admin_key is None else _digest(admin_key)
+        self._admin_digest = None if admin_key is None else hash_key(admin_key)
         self.limiter = limiter if limiter is not None else AuthLimiter(0, 60.0, 60.0)
         # by the key itself: a request that hits hashes nothing (the store keeps digests)
         self._cache: LRU[str, tuple[float, SessionInfo]] = LRU(cache_size)
@@ -104,7 +104,7 @@ class KeyRing:
     def is_admin_key(self, key: str | None) -> bool:
         if self._admin_digest is None:
             return True  # loopback-only mode: no admin key configured
-        return key is not None and hmac.compare_digest(_digest(key), self._admin_digest)
+        return key is not None and hmac.compare_digest(hash_key(key), self._admin_digest)
 
     def check_admin(self, request: Request, key: str | None) -> bool:
         """Is `key` the admin key? For a page that takes no other key (/ui): a 429 while
@@ -194,7 +194,3 @@ class KeyRing:
         """The 401 for a key that opens nothing, counted against its client."""
         self.limiter.failed(request)
         return invalid_key()
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
