@@ -1,21 +1,11 @@
 """What every engine on external inference servers shares (SGLang, vLLM).
 
-The gateway renders the chat template itself, so a server only ever sees token ids,
-and what it answers (output ids and the logprob of each) is recorded as is. The
-protocol of one kind of server lives in its own subclass (`sglang.py`, `vllm.py`):
-how a request body looks, how an answer is read, how a server is paused and loaded.
-Everything else is here, once:
-
-- Several servers: `StickyRouter` keeps each session (`route_key`) on one server,
-  where its prefix is cached; a server that refuses connections is skipped.
-- Weight updates keep per-token versions exact the way AReaL's remote engines do:
-  new requests wait while an update runs; the servers are paused (which aborts what
-  they are generating), loaded, then resumed; an aborted request is resubmitted with
-  its prompt plus the tokens it already has, for the tokens still to come. Tokens made
-  before the update carry the old version, tokens after it the new one.
-- Errors: a server that cannot be reached is `ServerUnreachable`; one that fails or
-  times out is an `EngineError` (the gateway's 503); a refusal of an over-long prompt
-  is `ContextLengthExceeded` (a 400).
+A server kind's subclass (`sglang.py`, `vllm.py`) holds only its protocol. Here, once:
+sticky routing over several servers (routing.py); weight updates that keep per-token
+versions exact as AReaL's remote engines do (new requests wait, the servers are paused,
+aborting what they generate, loaded and resumed; an aborted request is resubmitted with
+the tokens it already has); the error kinds: `ServerUnreachable`, `EngineError` (the
+gateway's 503), `ContextLengthExceeded` (a 400). docs/gateway.md, "Engines", says more.
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +40,8 @@ log = logging.getLogger(__name__)
 # What one server answer adds: token ids, their logprobs, their top alternatives, and
 # the weight version the server says made them (None: it does not say).
 Tokens = tuple[list[int], list[float], list[TopLogprobs], int | None]
-# Loads new weights on one server: (url, new version, abort) -> None, or what failed.
-Loader = Callable[[str, int, bool], Awaitable[str | None]]
+# Loads new weights on one server: (url, new version, abort); raises ControlFailed.
+Loader = Callable[[str, int, bool], Awaitable[object]]
 # A request body: bytes, or its parts in order (a long prompt's JSON is kept in parts,
 # gateway/token_ids.py)
 Body = bytes | tuple[bytes | memoryview, ...]
@@ -213,6 +203,7 @@ class RemoteEngine(InferenceEngine):
     answer_key = "meta_info"
     # The server's refusals of an over-long prompt, with groups `prompt` and `context`.
     too_long: tuple[re.Pattern[str], ...] = ()
+    pause_call: tuple[str, Any] = ("/pause", None)  # pauses a server, aborting its requests
     resume_path = "/resume"  # lets a paused server generate again
     # The server refuses prompt + max new tokens >= its context length minus this.
     context_margin = 0
@@ -245,7 +236,6 @@ class RemoteEngine(InferenceEngine):
         self._updates_done = 0
         self._info_task: asyncio.Task[None] | None = None
         self._info_next_try = 0.0
-        self.pause_supported: dict[str, bool] = {}  # learnt at the first update
         self.resubmits = 0  # segments sent again after an abort (weight updates)
 
     # ---- what a server kind defines -----------------------------------------------------
@@ -259,14 +249,15 @@ class RemoteEngine(InferenceEngine):
     def _tokens(self, answer: dict[str, Any], seg: Segment) -> list[Tokens]:
         """What one answer (or stream event) adds; records its ids and finish in `seg`."""
 
-    @abc.abstractmethod
-    async def _pause(self, url: str) -> bool | str:
-        """Pause a server, aborting what it generates. True: paused; False: the
-        server cannot pause (the load must abort); str: an error."""
+    async def _pause(self, url: str) -> bool:
+        """Pause a server, aborting what it generates. True: paused; False: the server
+        cannot pause (the load must abort); ControlFailed: it failed."""
+        await self.control(url, *self.pause_call)
+        return True
 
     @abc.abstractmethod
-    async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
-        """Load a checkpoint folder on one server; None on success, else what failed."""
+    async def _load(self, url: str, path: str, version: int, abort: bool) -> None:
+        """Load a checkpoint folder on one server; ControlFailed: what failed."""
 
     def _raise_if_refused(self, finish: dict[str, Any], url: str) -> None:
         """An abort may really be a refusal (raise it then); default: it is not."""
@@ -409,20 +400,19 @@ class RemoteEngine(InferenceEngine):
         self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
     ) -> GenerationResult:
         result: GenerationResult | None = None
-        async for item in self._run(prompt_ids, params, route_key, stream=False):
+        async for item in self.stream(prompt_ids, params, route_key=route_key, sse=False):
             if isinstance(item, GenerationResult):
                 result = item
         assert result is not None
         return result
 
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams, *, route_key: str | None = None
-    ) -> AsyncIterator[TokenChunk | GenerationResult]:
-        async for item in self._run(prompt_ids, params, route_key, stream=True):
-            yield item
-
-    async def _run(
-        self, prompt_ids: list[int], params: SamplingParams, route_key: str | None, stream: bool
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        route_key: str | None = None,
+        sse: bool = True,  # False: the server sends one answer at the end (generate)
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         if self._client is None or self._gate is None:
             raise EngineError(f"the {self.name} engine is not started")
@@ -445,7 +435,6 @@ class RemoteEngine(InferenceEngine):
         url = self._pick(route_key)
         tried: set[str] = set()
         stalled = 0  # consecutive aborted segments that made no progress
-        finish: dict[str, Any] = {"type": "length"}
         try:
             while len(output) < params.max_new_tokens:
                 if not self._gate.is_set():
@@ -454,11 +443,11 @@ class RemoteEngine(InferenceEngine):
                 # (the prompt as it is: a long session's ids are shared, not copied, and
                 # written as JSON once; see gateway/token_ids.py)
                 ids = TokenIds.joined(prompt_ids, output) if output else prompt_ids
-                body = self._body(ids, params, len(output), stream)
+                body = self._body(ids, params, len(output), sse)
                 headers = (
                     {self.routing_header: route_key} if route_key and self.routing_header else None
                 )
-                seg = Segment(url, body, headers, stream, params)
+                seg = Segment(url, body, headers, sse, params)
                 segment_version: int | None = None
                 try:
                     async for ids, lps, alts, weight_version in self._segment(seg):
@@ -491,7 +480,7 @@ class RemoteEngine(InferenceEngine):
                     url = self.router.pick(route_key, exclude=tried)
                     self.router.acquire(url)
                     continue
-                finish = seg.finish or {"type": "abort"}
+                finish: dict[str, Any] = seg.finish or {"type": "abort"}
                 if finish.get("type") != "abort":
                     break
                 self._raise_if_refused(finish, url)
@@ -516,8 +505,8 @@ class RemoteEngine(InferenceEngine):
             logprobs=logprobs,
             versions=versions,
             finish_reason=finish_reason(finish),
-            queue_s=started - submitted if stream else 0.0,
-            gen_s=end - started if stream else end - submitted,
+            queue_s=started - submitted if sse else 0.0,
+            gen_s=end - started if sse else end - submitted,
             top_logprobs=top,
         )
 
@@ -574,17 +563,10 @@ class RemoteEngine(InferenceEngine):
     def refusal(self, url: str, status: int, raw: bytes | str) -> Exception:
         """The error for a refused request: a too-long prompt is ContextLengthExceeded."""
         message = error_message(raw)
-        too_long = self.context_refusal(message)
-        if too_long is not None:
-            return too_long
-        return EngineError(f"the {self.label} server at {url} answered {status}: {message}")
-
-    def context_refusal(self, message: str) -> ContextLengthExceeded | None:
         for pattern in self.too_long:
-            m = pattern.search(message)
-            if m:
+            if m := pattern.search(message):
                 return ContextLengthExceeded(int(m["prompt"]), int(m["context"]))
-        return None
+        return EngineError(f"the {self.label} server at {url} answered {status}: {message}")
 
     def forget_route(self, route_key: str) -> None:
         if self.router is not None:
@@ -649,14 +631,12 @@ class RemoteEngine(InferenceEngine):
             self._updates_started += 1
             paused: list[str] = []
             try:
-                outcomes = await asyncio.gather(*(self._pause(u) for u in targets))
+                outcomes = await _settled(self._pause(u) for u in targets)
                 paused = [u for u, o in zip(targets, outcomes, strict=True) if o is True]
-                failures = [o for o in outcomes if isinstance(o, str)]
+                failures = [str(o) for o in outcomes if isinstance(o, ControlFailed)]
                 if not failures:
-                    results = await asyncio.gather(
-                        *(load(u, new, u not in paused) for u in targets)
-                    )
-                    failures = [r for r in results if r]
+                    results = await _settled(load(u, new, u not in paused) for u in targets)
+                    failures = [str(r) for r in results if isinstance(r, ControlFailed)]
                 if not failures:
                     self._version = new
             finally:
@@ -669,3 +649,12 @@ class RemoteEngine(InferenceEngine):
             "loaded %s on %d %s server(s): policy version %d", what, len(targets), self.label, new
         )
         return new
+
+
+async def _settled(calls: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Each call's result, or its ControlFailed; any other error is raised."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, ControlFailed):
+            raise r
+    return results

@@ -1,9 +1,5 @@
-"""HTTP client of one or more SGLang servers (SGLang's native API, not its OpenAI API).
-
-The gateway renders the chat template itself, so SGLang only ever sees token ids:
-`POST /generate` with `input_ids` and `return_logprob`, and the answer's
-`meta_info.output_token_logprobs` ([logprob, token_id, text] per output token) gives
-exactly the ids and behaviour-policy logprobs the trainer learns from.
+"""HTTP client of SGLang servers or an sglang-router, on SGLang's native API (token ids
+in and out); docs/gateway.md, "Engines: SGLang".
 
 Protocol, as read from SGLang's own server code (`srt/entrypoints/http_server.py`,
 `srt/managers/tokenizer_manager.py`, `srt/managers/io_struct.py`, v0.4.9 - v0.5.x):
@@ -18,11 +14,6 @@ Protocol, as read from SGLang's own server code (`srt/entrypoints/http_server.py
   partial output) and holds new ones until `/continue_generation`.
 - `/update_weights_from_disk` `{"model_path", "abort_all_requests", "weight_version"}`
   -> `{"success", "message", "num_paused_requests"}` (400 when not successful).
-
-Routing, weight-update pauses and resubmission are shared with the vLLM engine
-(gateway/inference/remote.py). With one URL (a server, or an `sglang-router` in front
-of several) it is used as is; the session id also travels as the `X-SMG-Routing-Key`
-header, which sglang-router's `manual` and `consistent_hashing` policies pin sessions by.
 """
 
 from __future__ import annotations
@@ -63,6 +54,7 @@ class SGLangEngine(RemoteEngine):
             r"You requested a total of \d+ tokens: (?P<prompt>\d+) tokens from the input"
         ),
     )
+    pause_call = ("/pause_generation", {"mode": "abort"})
     resume_path = "/continue_generation"
     context_margin = 1  # SGLang refuses input + max_new_tokens >= its context length
     routing_header = "X-SMG-Routing-Key"  # what sglang-router's sticky policies read
@@ -82,6 +74,7 @@ class SGLangEngine(RemoteEngine):
         """
         super().__init__(urls, options or ServerOptions())
         self.send_seed = send_seed
+        self.pause_supported: dict[str, bool] = {}  # learnt at the first update
 
     async def _server_info(self, url: str) -> tuple[int | None, int | None, bool]:
         ctx, version, answered = await super()._server_info(url)
@@ -151,10 +144,7 @@ class SGLangEngine(RemoteEngine):
         """An abort that carries a 4xx status is a refusal, not an interruption."""
         status = finish.get("status_code")
         if isinstance(status, int) and 400 <= status < 500:
-            message = str(finish.get("message") or "request refused")
-            raise self.context_refusal(message) or EngineError(
-                f"the SGLang server at {url} refused the request: {message}"
-            )
+            raise self.refusal(url, status, str(finish.get("message") or "request refused"))
 
     # ---- weights ---------------------------------------------------------------------
     async def _update_targets(self) -> list[str]:
@@ -174,21 +164,21 @@ class SGLangEngine(RemoteEngine):
                     targets.append(w)
         return targets
 
-    async def _pause(self, url: str) -> bool | str:
-        """True: paused; False: the server has no /pause_generation; str: an error."""
+    async def _pause(self, url: str) -> bool:
+        """False: the server has no /pause_generation (before v0.4.9.post2)."""
         if self.pause_supported.get(url) is False:
             return False
         try:
-            await self.control(url, "/pause_generation", {"mode": "abort"})
+            await super()._pause(url)
         except ControlFailed as exc:
             if exc.status not in (404, 405):
-                return str(exc)
+                raise
             self.pause_supported[url] = False
             return False
         self.pause_supported[url] = True
         return True
 
-    async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
+    async def _load(self, url: str, path: str, version: int, abort: bool) -> None:
         body = {
             "model_path": path,
             # Without a pause, abort what is in flight (it is resubmitted) rather than
@@ -196,10 +186,6 @@ class SGLangEngine(RemoteEngine):
             "abort_all_requests": abort,
             "weight_version": str(version),
         }
-        try:
-            answer = await self.control(url, "/update_weights_from_disk", body)
-        except ControlFailed as exc:
-            return str(exc)
+        answer = await self.control(url, "/update_weights_from_disk", body)
         if not (isinstance(answer, dict) and answer.get("success")):
-            return f"{url}/update_weights_from_disk did not succeed: {answer}"
-        return None
+            raise ControlFailed(f"{url}/update_weights_from_disk did not succeed: {answer}")

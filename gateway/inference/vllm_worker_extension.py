@@ -1,18 +1,10 @@
-"""Our methods inside each vLLM worker: join the trainer's weight group, receive a push.
+"""Our methods inside each vLLM worker: join the trainer's weight group, receive a push
+(docs/scaling.md, "Weights without disk"; TRL's `WeightSyncWorkerExtension` is alike).
 
-vLLM mixes this class into its workers when started with
-`--worker-extension-cls gateway.inference.vllm_worker_extension.WeightReceiverExtension`
-(and this repository on the server's PYTHONPATH; deploy/vllm/). The gateway calls the
-methods through vLLM's `/collective_rpc` route, on every worker at once (TRL's
-`WeightSyncWorkerExtension` in `trl/scripts/vllm_serve.py` does the same with NCCL).
-
-The tensors go through our own group (weight_broadcast.py: gloo on CPU, NCCL on GPU),
-not vLLM's `nccl` weight-transfer backend, which on a CPU server answers 200 and
-loads nothing. They are handed, as they arrive, to the worker's own in-place reload
-(`reload_weights(weights_iterator=...)`, the one the disk path runs with a folder),
-so vLLM's loader maps names, fuses projections and keeps tied embeddings tied.
-
-Runs in vLLM's venv: imports torch and weight_broadcast only.
+vLLM mixes this class into its workers (`--worker-extension-cls`, deploy/vllm/); the
+gateway calls the methods through `/collective_rpc`. What arrives goes to the worker's
+own in-place `reload_weights`, so vLLM's loader maps names, fuses projections and keeps
+tied embeddings tied. Runs in vLLM's venv: imports torch and weight_broadcast only.
 """
 
 from __future__ import annotations

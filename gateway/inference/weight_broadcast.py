@@ -1,20 +1,9 @@
-"""Weights without disk: one process group from trainer rank 0 to every engine.
+"""Weights without disk: one process group from trainer rank 0 to every engine
+(docs/scaling.md, "Weights without disk": backends, manifest, tied weights).
 
-The trainer (rank 0 of the group) broadcasts each tensor; every engine process
-(the embedded engine inside a gateway, each vLLM worker) holds one receiving rank.
-The group is its own: a `TCPStore` that rank 0 hosts and a process group built on
-it, never torch's default group (DeepSpeed's ranks own that one), so engines on
-other machines can join a trainer that already runs distributed. vLLM's worker
-extension imports this module too, inside vLLM's own venv: it needs torch only.
-
-The backend follows the devices: NCCL when every rank holds its tensors on a GPU of
-its own, gloo otherwise (CPU memory, a CPU engine beside a GPU trainer, or two ranks
-sharing one GPU, which NCCL refuses: "Duplicate GPU detected"; gloo stages CUDA
-tensors through host memory). Each rank names its device by `device_id` (a GPU by its
-UUID, so two processes on one card are seen as one device). A manifest
-([name, dtype, shape] per tensor, and the names tied to another) travels beside the
-group, over HTTP; only tensor bytes go through it. Tied weights (SmolLM2's
-`lm_head.weight` is `model.embed_tokens.weight`) are sent once.
+The group is its own, a `TCPStore` rank 0 hosts, never torch's default group (DeepSpeed's
+ranks own that one), so engines on other machines can join a trainer that already runs
+distributed. vLLM's worker extension imports this module inside vLLM's venv: torch only.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""An engine's side of a weight push: the ranks it takes and their devices, joining,
-receiving.
+"""An engine's side of a weight push, for the gateway's admin routes (entrypoints/weights.py).
 
-The gateway's admin routes (entrypoints/weights.py) call these; which receiver an
-engine gets is decided here, once. The embedded engine holds its rank in the gateway
-process and loads what arrives between two decode steps; receiving blocks on the
-trainer's broadcast, so it runs in a thread, off the event loop that keeps serving
-requests. vLLM's workers hold theirs (vllm_worker_extension.py), reached through
-`/collective_rpc`; a push there is a load inside the engine's pause/resume update
-(remote.py `update_weights_with`), so per-token versions stay exact as with a reload
-from disk.
+The embedded engine holds its rank in the gateway process and receives in a thread, off
+the event loop; vLLM's workers hold theirs (vllm_worker_extension.py), and a push there
+is a load inside the engine's pause/resume update, so per-token versions stay exact.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Trainer rank 0's side of a weight push: one broadcast to every gateway's engines.
 
-    push = WeightPush(["http://gw-a:8000", "http://gw-b:8000"], admin_key)
-    push.push(version, policy.full_state_dict())   # every gateway serves `version`
-    push.close()
-
-or, once: `push_weights(urls, admin_key, version, state_dict)`.
-
-The first push forms the group (gateway/inference/weight_broadcast.py): rank 0 here
-hosts its store, each gateway is told its first rank (`POST /admin/weights/group`;
-it takes as many ranks as its engine has receiving processes: 1 for the embedded
-engine, one per vLLM worker), and all ranks meet. Each push then sends the manifest
-to every gateway (`POST /admin/weights/push`, in threads) while this thread
-broadcasts the tensors, each once. A push that fails anywhere closes the group (the
-next push forms a new one) and raises: a half-pushed policy is never called done.
-The backend follows where the tensors are: gloo in CPU memory, NCCL on a GPU.
+Usage and protocol: docs/scaling.md, "Weights without disk". A push that fails anywhere
+closes the group (the next push forms a new one) and raises: a half-pushed policy is
+never called done.
 """
 
 from __future__ import annotations
@@ -31,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import torch
 
+from gateway.inference.remote import normalize_url
 from gateway.inference.weight_broadcast import (
     GroupSpec,
     Manifest,
@@ -57,10 +47,7 @@ class PushStats:
 
 def gateway_root(url: str) -> str:
     """A gateway's base URL, given with or without its `/v1`."""
-    url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
-    return url.removesuffix("/v1")
+    return normalize_url(url).removesuffix("/v1")
 
 
 def local_address_towards(url: str) -> str:
@@ -95,8 +82,7 @@ class WeightPush:
         self.urls = [gateway_root(u) for u in gateway_urls]
         self.host = host or local_address_towards(self.urls[0])
         self.timeout_s = timeout_s
-        self._headers = {"Authorization": f"Bearer {admin_key}"}
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s + 60, connect=10.0))
+        self._http = _admin_client(admin_key, httpx.Timeout(timeout_s + 60, connect=10.0))
         self._pool = concurrent.futures.ThreadPoolExecutor(
             len(self.urls) + 1, thread_name_prefix="weight-push"
         )
@@ -135,7 +121,7 @@ class WeightPush:
         if group is not None:
             for url in self.urls:
                 try:
-                    self._http.delete(f"{url}/admin/weights/group", headers=self._headers)
+                    self._http.delete(f"{url}/admin/weights/group")
                 except httpx.HTTPError:
                     pass
             group.shutdown()
@@ -155,7 +141,8 @@ class WeightPush:
     # ---- the group -------------------------------------------------------------------
     def _form_group(self, device: torch.device) -> None:
         self.close()
-        devices = [list(self._get(u).get("devices") or []) for u in self.urls]
+        infos = [_answer(u, self._http.get(f"{u}/admin/weights")) for u in self.urls]
+        devices = [list(info.get("devices") or []) for info in infos]
         for url, ids in zip(self.urls, devices, strict=True):
             if not ids:
                 raise WeightPushError(
@@ -202,19 +189,18 @@ class WeightPush:
                 exc = failed.exception()
                 raise WeightPushError(f"weight push failed: {exc}") from exc
 
-    # ---- HTTP ------------------------------------------------------------------------
-    def _get(self, url: str) -> dict[str, Any]:
-        return self._answer(url, self._http.get(f"{url}/admin/weights", headers=self._headers))
-
     def _post(self, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = self._http.post(f"{url}/admin/weights{path}", json=body, headers=self._headers)
-        return self._answer(url, r)
+        return _answer(url, self._http.post(f"{url}/admin/weights{path}", json=body))
 
-    @staticmethod
-    def _answer(url: str, r: httpx.Response) -> dict[str, Any]:
-        if r.status_code != 200:
-            raise WeightPushError(f"{url}{r.request.url.path} answered {r.status_code}: {r.text}")
-        return r.json()
+
+def _admin_client(admin_key: str, timeout: httpx.Timeout | float) -> httpx.Client:
+    return httpx.Client(headers={"Authorization": f"Bearer {admin_key}"}, timeout=timeout)
+
+
+def _answer(url: str, r: httpx.Response) -> dict[str, Any]:
+    if r.status_code != 200:
+        raise WeightPushError(f"{url}{r.request.url.path} answered {r.status_code}: {r.text}")
+    return r.json()
 
 
 def push_weights(
@@ -234,12 +220,8 @@ def load_folder(
 ) -> None:
     """The disk fallback for gateways the trainer did not start: each loads the Hugging
     Face folder `path` (`POST /admin/weights`), which must be readable where it runs."""
-    headers = {"Authorization": f"Bearer {admin_key}"}
-    with httpx.Client(timeout=timeout_s) as http:
-        for url in gateway_urls:
-            r = http.post(
-                f"{gateway_root(url)}/admin/weights",
-                json={"version": version, "path": str(path)},
-                headers=headers,
+    with _admin_client(admin_key, timeout_s) as http:
+        for url in map(gateway_root, gateway_urls):
+            _answer(
+                url, http.post(f"{url}/admin/weights", json={"version": version, "path": str(path)})
             )
-            WeightPush._answer(gateway_root(url), r)
