@@ -21,7 +21,7 @@ _JSON_ERROR = {
 
 
 def key_parameters(cookie: str) -> dict[str, Any]:
-    """`openapi_extra` for a page: where a browser offers the admin key (access.py)."""
+    """`openapi_extra` for a page: where a browser offers the admin key (routes.py, `_gate`)."""
     return {
         "parameters": [
             {

@@ -25,11 +25,11 @@ from fastapi.responses import (
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
 
+from gateway.auth import bearer_token
 from gateway.errors import APIError
 from gateway.samples import EXPORT_STYLES
 from gateway.state import GatewayState, State
 from gateway.store.summaries import SessionFilter
-from gateway.ui.access import COOKIE, is_admin, offered_key, stale_cookie
 from gateway.ui.openapi import key_parameters, metrics_responses, page_responses, static_responses
 from gateway.ui.runs import run_dir, run_metrics
 from gateway.ui.session_view import build_session_view
@@ -40,6 +40,7 @@ STATIC = HERE / "static"
 # the files /ui/static serves: a fixed set, so no path from a request reaches the disk
 STATIC_FILES = {p.relative_to(STATIC).as_posix(): p for p in STATIC.rglob("*") if p.is_file()}
 PAGE_SIZE = 50
+COOKIE = "turnstile_admin"  # where a browser keeps the admin key (see `_gate`)
 
 router = APIRouter(prefix="/ui", tags=["viewer"])
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -61,19 +62,32 @@ def _error(request: Request, status: int, message: str) -> HTMLResponse:
     return _page(request, "error.html", status, message=message, status=status)
 
 
+def _offered_key(request: Request) -> str | None:
+    return bearer_token(request) or request.cookies.get(COOKIE) or request.query_params.get("key")
+
+
 def _gate(request: Request, state: GatewayState) -> Response | None:
-    """None when the caller is the admin; else the key form (a stale cookie cleared),
-    the lockout page, or the redirect that moves a `?key=` out of the address bar (into
-    the cookie when it is the admin key)."""
+    """None when the caller is the admin (or no admin key is set: the gateway is then
+    loopback-only and the viewer open, as the API is); else the key form, the lockout
+    page, or the redirect that moves a `?key=` out of the address bar.
+
+    A browser cannot send an `Authorization` header on a link, so the key may come once
+    as `?key=`: it is checked, kept in an HttpOnly cookie scoped to /ui, and the page
+    reloads without it (so it leaves the address bar and history). A key offered here
+    that is not the admin key counts against its client as a failed key check, and a
+    locked-out client gets a 429 (auth_limits.py): the form is a way to guess the admin
+    key like any other. A cookie that is not the admin key (it was changed) is cleared,
+    rather than offered and counted on every page the browser loads."""
     try:
-        admin = is_admin(state, request)
+        admin = state.keys.check_admin(request, _offered_key(request))
     except APIError as exc:  # this client is locked out (auth_limits.py)
         page = _error(request, exc.status, exc.message)
         page.headers.update(exc.headers)
         return page
     if not admin:
-        page = _page(request, "login.html", 401, bad_key=offered_key(request) is not None)
-        if stale_cookie(state, request):
+        page = _page(request, "login.html", 401, bad_key=_offered_key(request) is not None)
+        cookie = request.cookies.get(COOKIE)
+        if cookie is not None and not state.keys.is_admin_key(cookie):
             page.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
         return page
     key = request.query_params.get("key")
@@ -227,9 +241,9 @@ async def run_page(index: int, request: Request, state: State) -> Response:
     openapi_extra=key_parameters(COOKIE),
 )
 async def run_metrics_json(index: int, request: Request, state: State) -> Response:
-    """Its errors (raised: the 429 from `is_admin` too) in OpenAI's shape, as every JSON
+    """Its errors (raised: the 429 from `check_admin` too) in OpenAI's shape, as every JSON
     error of the gateway."""
-    if not is_admin(state, request):
+    if not state.keys.check_admin(request, _offered_key(request)):
         raise APIError(401, "This needs the admin key.", code="admin_key_required")
     run = run_dir(state.config.run_dirs, index)
     if run is None:
