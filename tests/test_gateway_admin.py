@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from trainer.rollout.gateway_admin import GatewayAdmin
+from trainer.rollout.gateways import GatewayAdmin
 
 
 class DroppingServer:

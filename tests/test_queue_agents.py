@@ -63,8 +63,8 @@ def registries(monkeypatch):  # type: ignore[no-untyped-def]
 class VersionedFake(FakeEngine):
     """A fake engine whose policy version goes up after every completion."""
 
-    async def generate(self, prompt_ids, params):  # type: ignore[no-untyped-def]
-        result = await super().generate(prompt_ids, params)
+    async def generate(self, prompt_ids, params, **kwargs):  # type: ignore[no-untyped-def]
+        result = await super().generate(prompt_ids, params, **kwargs)
         self.bump_version()
         return result
 

@@ -14,9 +14,10 @@ import pytest
 from gateway_helpers import ADMIN_KEY, list_sessions
 from subproc_agents import read_reports
 
+from trainer.api.config import AgentConfig
 from trainer.loading import make_workflow
-from trainer.rollout.agent_runner import AgentPlacement, AgentRunner
-from trainer.rollout.gateway_admin import GatewayAdmin
+from trainer.rollout.agent_runner import AgentRunner
+from trainer.rollout.gateways import GatewayAdmin
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra turnstile-rl[ray]")
 pytestmark = pytest.mark.slow
@@ -40,8 +41,8 @@ def cluster() -> Iterator[Any]:
 
 def _runner(gw: Any, http: httpx.AsyncClient, tmp_path: Path, **kw: Any) -> AgentRunner:
     agent = make_workflow(f"{AGENTS}:ReportingSyncAgent", {"report_dir": str(tmp_path)})
-    gateway = (GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url)
-    return AgentRunner([gateway], agent, http, placement=AgentPlacement("ray", **kw))
+    gateway = GatewayAdmin(gw.url, ADMIN_KEY, http)
+    return AgentRunner([gateway], agent, placement=AgentConfig(mode="ray", **kw))
 
 
 async def test_an_agent_loaded_by_path_runs_as_a_ray_task_with_the_inline_arguments(
@@ -50,7 +51,7 @@ async def test_an_agent_loaded_by_path_runs_as_a_ray_task_with_the_inline_argume
     gw = gateway_factory()
     data = {"messages": QUESTION, "answer": "4", "reward": 0.5, "tag": "ok"}
     async with httpx.AsyncClient(timeout=120) as http:
-        runner = _runner(gw, http, tmp_path, ray={"resources": {"sandbox": 1}})
+        runner = _runner(gw, http, tmp_path, resources={"sandbox": 1})
         episodes = await runner.run_group(data, group=1, group_size=2)
         views = {ep.session_id: await GatewayAdmin(gw.url, ADMIN_KEY, http).session(ep.session_id)
                  for ep in episodes}  # fmt: skip

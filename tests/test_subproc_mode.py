@@ -14,9 +14,10 @@ import pytest
 from gateway_helpers import ADMIN_KEY, list_sessions
 from subproc_agents import read_reports
 
+from trainer.api.config import AgentConfig
 from trainer.loading import WorkflowError, make_workflow
-from trainer.rollout.agent_runner import AgentPlacement, AgentRunner, Episode
-from trainer.rollout.gateway_admin import GatewayAdmin
+from trainer.rollout.agent_runner import AgentRunner, Episode
+from trainer.rollout.gateways import GatewayAdmin
 from trainer.rollout.subproc import SubprocAgentPool, SubprocPicklingError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,15 +32,15 @@ def pool() -> Iterator[SubprocAgentPool]:
         yield p
 
 
-SUBPROC = AgentPlacement("subproc", subproc_max_workers=2)
+SUBPROC = AgentConfig(mode="subproc", subproc_max_workers=2, max_retries=0)
 
 
-def _gateway(gw: Any, http: httpx.AsyncClient) -> list[tuple[GatewayAdmin, str]]:
-    return [(GatewayAdmin(gw.url, ADMIN_KEY, http), gw.url)]
+def _gateway(gw: Any, http: httpx.AsyncClient) -> list[GatewayAdmin]:
+    return [GatewayAdmin(gw.url, ADMIN_KEY, http)]
 
 
 def _runner(gw: Any, agent: Any, http: httpx.AsyncClient, pool: SubprocAgentPool) -> AgentRunner:
-    runner = AgentRunner(_gateway(gw, http), agent, http, placement=SUBPROC)
+    runner = AgentRunner(_gateway(gw, http), agent, placement=SUBPROC)
     runner._pool.close()  # never started: swap in the shared one
     runner._pool = pool
     return runner
@@ -107,7 +108,7 @@ async def test_unpicklable_agent_fails_before_any_session(gateway_factory, cls, 
     agent = make_workflow(f"{AGENTS}:{cls}")
     async with httpx.AsyncClient(timeout=60) as http:
         with pytest.raises(SubprocPicklingError) as info:
-            AgentRunner(_gateway(gw, http), agent, http, placement=SUBPROC)
+            AgentRunner(_gateway(gw, http), agent, placement=SUBPROC)
         assert await list_sessions(gw, http) == []
     message = str(info.value)
     assert isinstance(info.value, WorkflowError)
@@ -119,9 +120,7 @@ async def test_unpicklable_agent_fails_before_any_session(gateway_factory, cls, 
 async def test_unpicklable_data_fails_before_its_session(gateway_factory, tmp_path) -> None:
     gw = gateway_factory()
     async with httpx.AsyncClient(timeout=60) as http:
-        runner = AgentRunner(
-            _gateway(gw, http), _reporting_agent(tmp_path), http, placement=SUBPROC
-        )
+        runner = AgentRunner(_gateway(gw, http), _reporting_agent(tmp_path), placement=SUBPROC)
         with pytest.raises(SubprocPicklingError, match="data must be picklable.*mode: inline"):
             await runner.run_episode({"messages": QUESTION, "check": lambda x: x}, group=0)
         assert await list_sessions(gw, http) == []
@@ -177,8 +176,7 @@ async def test_a_dead_worker_runs_the_episode_again_in_a_new_session(
         runner = AgentRunner(
             _gateway(gw, http),
             _reporting_agent(tmp_path),
-            http,
-            placement=AgentPlacement("subproc", subproc_max_workers=2, max_retries=1),
+            placement=AgentConfig(mode="subproc", subproc_max_workers=2, max_retries=1),
         )
         runner._pool.close()  # never started: swap in the shared one
         runner._pool = pool
@@ -195,8 +193,7 @@ async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
         runner = AgentRunner(
             _gateway(gw, http),
             _reporting_agent(tmp_path),
-            http,
-            placement=AgentPlacement("subproc", subproc_max_workers=1),
+            placement=AgentConfig(mode="subproc", subproc_max_workers=1, max_retries=0),
         )
         ep = await runner.run_episode({"messages": QUESTION, "tag": "ok"}, group=0)
         assert ep.error is None and ep.reward == 1.0
@@ -211,15 +208,15 @@ async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:
 
 async def test_mode_and_pool_size_are_checked() -> None:
     async with httpx.AsyncClient() as http:
-        unused = [(GatewayAdmin("http://unused/v1", None, http), "http://unused/v1")]
+        unused = [GatewayAdmin("http://unused/v1", None, http)]
         with pytest.raises(WorkflowError, match="'inline', 'subproc' or 'ray', got 'thread'"):
-            AgentRunner(unused, object(), http, placement=AgentPlacement("thread"))
+            AgentRunner(unused, object(), placement=AgentConfig(mode="thread"))
         with pytest.raises(WorkflowError, match="subproc runs `async def run.*object has none"):
-            AgentRunner(unused, object(), http, placement=SUBPROC)
+            AgentRunner(unused, object(), placement=SUBPROC)
         agent = make_workflow(f"{AGENTS}:LockedAgent")
         agent.lock = None
         with pytest.raises(WorkflowError, match="subproc_max_workers must be an integer >= 1"):
-            AgentRunner(unused, agent, http, placement=AgentPlacement("subproc", 0))
-        inline = AgentRunner(unused, object(), http)
+            AgentRunner(unused, agent, placement=AgentConfig(mode="subproc", subproc_max_workers=0))
+        inline = AgentRunner(unused, object())
         assert inline.mode == "inline" and inline._pool is None
         await inline.close()

@@ -26,7 +26,7 @@ from trainer.api.registry import make_env
 from trainer.loading import import_file
 from trainer.rollout.engine import RolloutEngine
 from trainer.rollout.queue_agents import QueueAgentRunner
-from trainer.rollout.workflow import TokenWorkflowRunner
+from trainer.rollout.token_episodes import TokenWorkflowRunner
 
 REPO = Path(__file__).resolve().parent.parent
 REMAX = import_file(REPO / "agents" / "remax.py")

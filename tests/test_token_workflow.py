@@ -28,7 +28,7 @@ from trainer.rollout.engine import (
     GenerationError,
     RolloutEngine,
 )
-from trainer.rollout.workflow import TokenWorkflowRunner
+from trainer.rollout.token_episodes import TokenWorkflowRunner
 
 REPO = Path(__file__).resolve().parent.parent
 REMAX = import_file(REPO / "agents" / "remax.py")
@@ -131,10 +131,10 @@ class LoopRecordingEngine(FakeEngine):
         self.loops: list[asyncio.AbstractEventLoop] = []
         self.cancelled = threading.Event()
 
-    async def generate(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, **kwargs):  # type: ignore[no-untyped-def]
         self.loops.append(asyncio.get_running_loop())
         try:
-            return await super().generate(prompt_ids, params)
+            return await super().generate(prompt_ids, params, **kwargs)
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
@@ -203,9 +203,9 @@ class GreedyScriptEngine(FakeEngine):
         )
         self.texts = (sampled_text, greedy_text)
 
-    async def generate(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, **kwargs):  # type: ignore[no-untyped-def]
         self.script(self.texts[1] if params.temperature == 0 else self.texts[0])
-        return await super().generate(prompt_ids, params)
+        return await super().generate(prompt_ids, params, **kwargs)
 
 
 async def test_remax_workflow_output(tokenizer) -> None:

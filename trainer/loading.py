@@ -53,7 +53,8 @@ def load_object(spec: Any, what: str = "object") -> Any:
     elif not spec:
         raise WorkflowError(f"{what} must be a class or a string, got {spec!r}")
     elif ":" in spec and (spec.split(":", 1)[0].endswith(".py") or "/" in spec):
-        cls = _from_file(*spec.rsplit(":", 1))
+        path, attr = spec.rsplit(":", 1)
+        cls = _attr(import_file(path), attr, spec)
     elif "." in spec:
         module_name, _, attr = spec.rpartition(".")
         try:
@@ -79,10 +80,6 @@ def make_workflow(spec: str | type | Any, kwargs: dict[str, Any] | None = None) 
         return cls(**(kwargs or {}))
     except TypeError as exc:
         raise WorkflowError(f"cannot build {cls.__name__}(**{kwargs}): {exc}") from exc
-
-
-def _from_file(path: str, attr: str) -> Any:
-    return _attr(import_file(path), attr, f"{path}:{attr}")
 
 
 def import_file(path: str | Path) -> Any:

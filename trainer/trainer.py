@@ -21,7 +21,7 @@ import logging
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +48,13 @@ from trainer.evaluation import Evaluator, held_out_rows
 from trainer.health import CollapseWatch, answer_signals
 from trainer.loading import WorkflowError, import_files, load_class, make_workflow
 from trainer.machine_probe import estimate, probe_seconds
-from trainer.rollout.agent_runner import AgentPlacement, AgentRunner, Episode, SessionSpec
+from trainer.rollout.agent_runner import AgentRunner, Episode, SessionSpec
 from trainer.rollout.controller import RolloutController
 from trainer.rollout.data_order import DataOrder
 from trainer.rollout.engine import RolloutEngine
-from trainer.rollout.gateway_admin import GatewayAdmin
-from trainer.rollout.gateways import RemoteGateways
+from trainer.rollout.gateways import GatewayActors, GatewayAdmin, RemoteGateways
 from trainer.rollout.queue_agents import QueueAgentRunner
-from trainer.rollout.workflow import TokenWorkflowRunner
+from trainer.rollout.token_episodes import TokenWorkflowRunner
 from trainer.run_log import RunLog, mean
 from trainer.trackers import make_trackers
 
@@ -82,17 +81,6 @@ class TrainResult:
     best_checkpoint: Path | None = None
 
 
-@dataclass(frozen=True)
-class RunData:
-    """What a run's loop reads its rows from: the training rows, the held-out rows (none
-    when evaluation is off) and the order groups take the rows in (kept in checkpoints,
-    so a resumed run goes on where it stopped)."""
-
-    rows: list[dict[str, Any]]
-    eval_rows: list[dict[str, Any]]
-    order: DataOrder
-
-
 class Trainer:
     def __init__(self, config: TrainerConfig | dict[str, Any] | str | Path | None = None) -> None:
         if isinstance(config, (str, Path)):
@@ -103,12 +91,12 @@ class Trainer:
         self.gateway: Any = None  # gateway.server.BackgroundGateway on rank 0
         # gateway.urls: replicas the trainer did not start (trainer/rollout/gateways.py)
         self.remote: RemoteGateways | None = None
-        self._gateway_actors: Any = None  # gateway.ray_replicas (gateway_actors.py)
+        self._gateway_actors: Any = None  # gateway.ray_replicas (gateways.py)
         self.policy: Any = None  # a TrainEngine (DeepSpeedEngine or the user's subclass)
         self.version = 0
         self._stopped_early = False
         self._model_dir: Path | None = None  # set by train(); checkpoints read its tokenizer
-        self._push: Any = None  # weight_push.WeightPush to the trainer's own gateway
+        self._push: Any = None  # weight_push.WeightPush to the gateways, on the first push
         self._started = time.perf_counter()
         self._best: tuple[dict[str, Any], Path | None] | None = None
 
@@ -119,7 +107,8 @@ class Trainer:
         cfg = self.config
         # the time budget counts from here: model loading and start-up are part of the run
         self._started = time.perf_counter()
-        kind, agent = self._rollout_spec(workflow)
+        spec = self._rollout_spec(workflow)
+        kind = spec[0]
         if dataset is None and not cfg.dataset:
             raise ValueError(
                 "no dataset: pass train(dataset=rows), or set `dataset` in the config "
@@ -151,22 +140,17 @@ class Trainer:
                 self.remote = self._remote_gateways(kind, model_dir, admin_key)
             elif main:
                 self.gateway = self._start_gateway(model_dir, database, admin_key, run_dir)
-                print(f"dashboard: {self._dashboard_url(admin_key)}", flush=True)
+                print(f"dashboard: {self._dashboard_url()}", flush=True)
             self.policy = self._make_policy(model_dir)
             start_step = self._resume(order)
             if main:
                 self._announce_estimate(start_step, bool(eval_rows))
-                t = cfg.trackers
+                options = asdict(cfg.trackers)
                 trackers = make_trackers(
-                    cfg.tracker_backends(),
-                    {"tensorboard": t.tensorboard, "wandb": t.wandb, "trackio": t.trackio},
-                    run_dir,
-                    cfg.without_secrets(),
-                    start_step,
+                    cfg.tracker_backends(), options, run_dir, cfg.without_secrets(), start_step
                 )
                 runlog = RunLog(run_dir, start_step=start_step, trackers=trackers)
-                data = RunData(rows, eval_rows, order)
-                asyncio.run(self._main_loop(kind, agent, data, admin_key, runlog, start_step))
+                asyncio.run(self._main_loop(spec, rows, eval_rows, order, runlog, start_step))
             else:
                 while self._train_step(None) is not None:
                     pass
@@ -180,8 +164,6 @@ class Trainer:
                 self._push.shutdown()
             if self.gateway is not None:
                 self.gateway.stop()
-            if self.remote is not None:
-                self.remote.close()
             if self._gateway_actors is not None:
                 self._gateway_actors.stop()
         distributed.barrier()
@@ -231,7 +213,7 @@ class Trainer:
 
         async def run() -> Any:
             async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as http:
-                evaluator = self._make_evaluator(agent, admin_key, http, rows)
+                evaluator = self._make_evaluator(agent, http, rows)
                 try:
                     return await evaluator.run(0, self.gateway.engine.version)
                 finally:
@@ -288,14 +270,14 @@ class Trainer:
             return "workflow", instance
         return "agent", instance
 
-    def _dashboard_url(self, admin_key: str) -> str:
+    def _dashboard_url(self) -> str:
         """The /ui run page of this run. The key is in the URL only when the trainer made
         it up (it lives as long as the run); a configured key the user already has."""
         base = self.gateway.url.removesuffix("/v1")
         index = len(self.gateway.config.run_dirs) - 1
         url = f"{base}/ui/runs/{index}"
         if self.config.gateway.admin_key is None:
-            url += f"?key={admin_key}"
+            url += f"?key={self.gateway.config.admin_key}"
         return url
 
     def _remote_gateways(self, kind: str, model_dir: Path, admin_key: str) -> RemoteGateways:
@@ -316,8 +298,6 @@ class Trainer:
         elif not distributed.is_main():  # only rank 0 talks to the gateways
             return RemoteGateways([], admin_key)
         else:
-            from trainer.rollout.gateway_actors import GatewayActors
-
             settings = replace(gw, model=str(model_dir), device=self.config.device)
             self._gateway_actors = GatewayActors(
                 gw.ray_replicas, settings, admin_key, self.config.ray.address, gw.ray_resources
@@ -328,12 +308,12 @@ class Trainer:
             print(f"gateways: {', '.join(remote.urls)} (policy versions {versions})", flush=True)
         return remote
 
-    def _gateway_admins(self, admin_key: str, http: httpx.AsyncClient) -> list[tuple[Any, str]]:
-        """(admin client, base URL) of each gateway the agents use: the trainer's own, or
-        every one of `gateway.urls`."""
+    def _gateways(self) -> tuple[list[str], str]:
+        """The URLs of the gateways the agents use (the trainer's own, or every one of
+        `gateway.urls`) and their admin key."""
         if self.remote is not None:
-            return self.remote.admins(http)
-        return [(GatewayAdmin(self.gateway.url, admin_key, http), self.gateway.url)]
+            return self.remote.urls, self.remote.admin_key
+        return [self.gateway.url], self.gateway.config.admin_key
 
     def _tokenizer(self, model_dir: Path | None) -> Any:
         """The tokenizer saved with checkpoints: the one the gateway loaded, else the model's."""
@@ -409,15 +389,17 @@ class Trainer:
     # ---- rank 0 ----------------------------------------------------------------------
     async def _main_loop(
         self,
-        kind: str,
-        agent: Any,
-        data: RunData,
-        admin_key: str,
+        spec: tuple[str, Any],
+        rows: list[dict[str, Any]],
+        eval_rows: list[dict[str, Any]],
+        order: DataOrder,
         runlog: RunLog,
         start_step: int,
     ) -> None:
+        """Rollouts and steps on rank 0: `spec` is `_rollout_spec`'s; `order` (kept in
+        checkpoints, so a resumed run goes on where it stopped) says which of `rows` each
+        group gets."""
         cfg = self.config
-        order = data.order
         started = self._started
         # One thread for all training work: one allocator arena, not one per step.
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train")
@@ -427,8 +409,8 @@ class Trainer:
             max_keepalive_connections=cfg.rollout.max_concurrent * 2,
         )
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
-            runner = self._make_runner(kind, agent, admin_key, http)
-            evaluator = self._make_evaluator(agent, admin_key, http, data.eval_rows)
+            runner = self._make_runner(*spec, http)
+            evaluator = self._make_evaluator(spec[1], http, eval_rows)
 
             async def evaluate(steps_done: int) -> None:
                 if evaluator is None:
@@ -444,7 +426,7 @@ class Trainer:
             if evaluator is not None and evaluator.due(start_step):
                 await evaluate(start_step)
             controller = RolloutController(
-                runner.run_group, data.rows, order, cfg.rollout, version=start_step
+                runner.run_group, rows, order, cfg.rollout, version=start_step
             )
             controller.start()
             bar = tqdm(
@@ -561,7 +543,7 @@ class Trainer:
         return time.perf_counter() - started + step_s + final_eval_s > budget
 
     def _make_evaluator(
-        self, agent: Any, admin_key: str, http: httpx.AsyncClient, rows: list[dict[str, Any]]
+        self, agent: Any, http: httpx.AsyncClient, rows: list[dict[str, Any]]
     ) -> Any:
         if not rows:
             return None
@@ -571,36 +553,27 @@ class Trainer:
         greedy = SessionSpec(
             metadata={"eval": True}, sampling={"temperature": cfg.eval.temperature}, export=False
         )
-        return Evaluator(cfg.eval, rows, self._agent_runner(agent, admin_key, http, greedy))
+        return Evaluator(cfg.eval, rows, self._agent_runner(agent, http, greedy))
 
-    def _agent_runner(
-        self, agent: Any, admin_key: str, http: httpx.AsyncClient, sessions: SessionSpec
-    ) -> Any:
+    def _agent_runner(self, agent: Any, http: httpx.AsyncClient, sessions: SessionSpec) -> Any:
         """Agent runs in `sessions`, placed as `rollout.agent` says (inline, a process
         pool, Ray tasks)."""
-        a = self.config.rollout.agent
-        ray = {"address": self.config.ray.address, "num_cpus": a.num_cpus, "resources": a.resources}
-        placement = AgentPlacement(
-            mode=a.mode,
-            subproc_max_workers=a.subproc_max_workers,
-            max_retries=a.max_retries,
-            ray=ray if a.mode == "ray" else None,
-        )
+        urls, admin_key = self._gateways()
         return AgentRunner(
-            self._gateway_admins(admin_key, http),
+            [GatewayAdmin(url, admin_key, http) for url in urls],
             agent,
-            http,
             sessions=sessions,
-            placement=placement,
+            placement=self.config.rollout.agent,
+            ray_address=self.config.ray.address,
             max_concurrent=self.config.rollout.max_concurrent,
         )
 
-    def _make_runner(self, kind: str, agent: Any, admin_key: str, http: httpx.AsyncClient) -> Any:
+    def _make_runner(self, kind: str, agent: Any, http: httpx.AsyncClient) -> Any:
         cfg = self.config
         a = cfg.rollout.agent
         if kind == "agent":
             sessions = SessionSpec(export_style=a.export_style, turn_discount=a.turn_discount)
-            return self._agent_runner(agent, admin_key, http, sessions)
+            return self._agent_runner(agent, http, sessions)
         engine = RolloutEngine.for_gateway(self.gateway, str(cfg.model or "default"))
         export = {
             "export_style": a.export_style,
@@ -652,11 +625,9 @@ class Trainer:
         else:
             update = WeightUpdate(version, state_dict=self.policy.full_state_dict())
         if distributed.is_main():
-            if how == "push" and self.remote is not None:
-                self.remote.push(version, update.state_dict)
-            elif how == "push":  # to the trainer's own gateway, in a group kept for the run
+            if how == "push":  # to every gateway the agents use, in a group kept for the run
                 if self._push is None:
-                    self._push = WeightPush([self.gateway.url], self.gateway.config.admin_key)
+                    self._push = WeightPush(*self._gateways())
                 self._push.push(version, update.state_dict)
             elif self.remote is not None:
                 assert update.path is not None

@@ -1,6 +1,6 @@
 """Token-level request/response types for workflows that call the engine directly.
 
-A `RolloutWorkflow` (trainer/rollout/workflow.py) or a queue agent (trainer/rollout/queue_agents.py)
+A `RolloutWorkflow` (trainer/api/workflow.py) or a queue agent (trainer/rollout/queue_agents.py)
 does not go through the OpenAI gateway: it sends token ids with an `LLMRequest` and gets
 back an `LLMResponse` with the output tokens, the behaviour logprob and the policy version
 of every output token. The names follow the interface users' existing workflows are

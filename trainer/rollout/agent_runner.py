@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from gateway.reward_values import finite_reward
+from trainer.api.config import AgentConfig
 from trainer.loading import WorkflowError
-from trainer.rollout.gateway_admin import GatewayAdmin, GatewayRequestError
+from trainer.rollout.gateways import GatewayAdmin, GatewayRequestError
 from trainer.rollout.subproc import SubprocAgentPool, SubprocWorkerDied, check_picklable
 
 log = logging.getLogger(__name__)
@@ -93,18 +92,6 @@ def _finite(value: Any, what: str) -> float:
 
 
 @dataclass(frozen=True)
-class AgentPlacement:
-    """Where each agent run happens (`rollout.agent.mode`): inline on the trainer's event
-    loop, in a process pool, or as Ray tasks; and how often an episode whose worker died
-    runs again, each time in a new session."""
-
-    mode: str = "inline"
-    subproc_max_workers: int = 4
-    max_retries: int = 0
-    ray: dict[str, Any] | None = None  # `RayAgentPool`'s arguments (address, num_cpus, ...)
-
-
-@dataclass(frozen=True)
 class SessionSpec:
     """What every session a runner opens carries (metadata, sampling forced on each of its
     requests: an evaluation forces greedy), and how it becomes samples (`export=False`:
@@ -120,17 +107,20 @@ class SessionSpec:
 class AgentRunner(EpisodeRunner):
     def __init__(
         self,
-        gateways: Sequence[tuple[GatewayAdmin, str]],
+        gateways: Sequence[GatewayAdmin],
         agent: Any,
-        http_client: httpx.AsyncClient,
         *,
         sessions: SessionSpec = SessionSpec(),
-        placement: AgentPlacement = AgentPlacement(),
+        placement: AgentConfig | None = None,
+        ray_address: str | None = None,
         max_concurrent: int = 64,
     ) -> None:
-        """`gateways`: (admin client, base URL) of one gateway, or of several replicas of
-        one store; each session sticks to one (trainer/rollout/gateways.py), and with
-        several its metadata says which."""
+        """`gateways`: the admin client of one gateway, or of several replicas of one store
+        (inline agents share their HTTP client); each session sticks to one (trainer/rollout/gateways.py), and with
+        several its metadata says which. `placement` (`rollout.agent`): where each run
+        happens (inline, a process pool, Ray tasks on the `ray_address` cluster) and how
+        often an episode whose worker died runs again, each time in a new session."""
+        placement = placement or AgentConfig()
         mode = placement.mode
         if mode not in ("inline", "subproc", "ray"):
             raise WorkflowError(
@@ -152,12 +142,11 @@ class AgentRunner(EpisodeRunner):
         elif mode == "ray":
             from trainer.rollout.ray_agents import RayAgentPool
 
-            self._pool = RayAgentPool(**(placement.ray or {}))
+            self._pool = RayAgentPool(ray_address, placement.num_cpus, placement.resources)
         # round robin: each gateway gets an equal share of sessions, and a session sticks to one
         self.gateways = itertools.cycle(list(gateways))
         self.several_gateways = len(gateways) > 1
         self.agent = agent
-        self.http_client = http_client
         self.sessions = sessions
         super().__init__(max_concurrent)
 
@@ -177,7 +166,8 @@ class AgentRunner(EpisodeRunner):
 
     async def _run_once(self, data: dict[str, Any], group: int) -> Episode:
         """One run of the agent in a session of its own; a dead worker ends it unused."""
-        admin, base_url = next(self.gateways)
+        admin = next(self.gateways)
+        base_url = admin.base_url
         metadata = {**self.sessions.metadata, "group": group}
         if self.several_gateways:
             metadata["gateway"] = base_url
@@ -191,7 +181,7 @@ class AgentRunner(EpisodeRunner):
                     copy.deepcopy(data),
                     base_url=base_url,
                     api_key=api_key,
-                    http_client=self.http_client,
+                    http_client=admin.client,
                 )
         except Exception as exc:  # the agent's bug must not kill training
             ep.error = f"{type(exc).__name__}: {exc}"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +74,6 @@ class RolloutEngine:
         self.recorder = recorder
         self.session_id: str | None = None  # the episode's session, when recording
         self.num_requests = 0  # agenerate calls made through this object
-        self._route_key = _accepts_keyword(engine.generate, "route_key")
 
     @property
     def version(self) -> int:
@@ -137,11 +135,12 @@ class RolloutEngine:
         params = gconfig.to_sampling_params(max_new)
         if not params.stop_token_ids:
             params.stop_token_ids = list(self.default_stop_token_ids)
-        kwargs = {"route_key": req.rid} if self._route_key else {}
         self.num_requests += 1
         started = time.perf_counter()
         try:
-            result = await self._on_engine_loop(self.engine.generate(prompt, params, **kwargs))
+            result = await self._on_engine_loop(
+                self.engine.generate(prompt, params, route_key=req.rid)
+            )
         except ContextLengthExceeded as exc:
             raise ContextTooLongError(
                 f"request {req.rid}: {exc}", exc.prompt_tokens, exc.max_context
@@ -185,11 +184,3 @@ class RolloutEngine:
         except asyncio.CancelledError:
             future.cancel()  # stop the generation on the engine's loop too
             raise
-
-
-def _accepts_keyword(fn: object, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

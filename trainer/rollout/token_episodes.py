@@ -1,4 +1,5 @@
-"""A token-level episode's return value -> rewards on its recorded generations -> samples.
+"""A token-level episode's return value -> rewards on its recorded generations -> samples,
+and the runner of token-level workflows (`TokenWorkflowRunner`).
 
 Token-level workflows (`arun_episode`) and queue agents (`collect_trajectory`) return
 their training sequences themselves, but every generation they made is already in the
@@ -31,10 +32,12 @@ import torch
 
 from gateway.reward_values import finite_reward
 from gateway.samples import check_export_style, sampling_temperature
+from trainer.api.io_struct import GenerationHyperparameters
 from trainer.backend.batches import SampleError, as_tensor, split_sequences
 from trainer.rollout.agent_runner import Episode, EpisodeRunner
 
 if TYPE_CHECKING:
+    from trainer.api.workflow import RolloutWorkflow
     from trainer.rollout.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -329,3 +332,32 @@ class RecordedEpisodeRunner(EpisodeRunner):
                 ep.samples, ep.raw = [], []
                 log.warning("%s episode %s failed: %s", self.kind, session_id, ep.error)
             return ep
+
+
+class TokenWorkflowRunner(RecordedEpisodeRunner):
+    """Runs a `RolloutWorkflow` (trainer/api/workflow.py) for the trainer: `await
+    run_group(data, group, group_size)`, each run in a session of its own."""
+
+    kind = "workflow"
+    malformed = "malformed arun_episode output"
+
+    def __init__(self, workflow: RolloutWorkflow, engine: RolloutEngine, **kwargs: Any) -> None:
+        """`kwargs`: `export_style`, `turn_discount`, `max_concurrent`."""
+        if not callable(getattr(workflow, "arun_episode", None)):
+            raise TypeError(f"{type(workflow).__name__} has no `async def arun_episode`")
+        self.workflow = workflow
+        super().__init__(engine, **kwargs)
+
+    async def play(self, engine: RolloutEngine, data: dict[str, Any]) -> tuple[Any, float | None]:
+        """What `arun_episode` returned, and the temperature of the workflow's `gconfig`
+        (1.0 when greedy; None without one)."""
+        out = await self.workflow.arun_episode(engine, data)
+        gconfig = getattr(self.workflow, "gconfig", None)
+        if isinstance(gconfig, dict):
+            gconfig = GenerationHyperparameters.coerce(gconfig)
+        if isinstance(gconfig, GenerationHyperparameters):
+            return out, gconfig.behaviour_temperature
+        return out, None
+
+    def sequences(self, out: Any) -> list[Returned] | None:
+        return None if out is None else returned_sequences(out)
