@@ -163,16 +163,6 @@ def delta_columns(
             "prompt_shared": 0}  # fmt: skip
 
 
-def rebuild(
-    parent: Full, delta: Request, suffix: list[int], shared: int
-) -> tuple[Request, list[int]]:
-    """A delta row's whole request and prompt ids, from its parent's."""
-    head = parent.prompt_ids[:shared]
-    if shared > len(parent.prompt_ids):
-        head += parent.output_ids[: shared - len(parent.prompt_ids)]
-    return apply_request_delta(parent.request, delta), head + suffix
-
-
 class MissingParent(LookupError):
     """A delta row whose parent is not in the store: the store is damaged."""
 
@@ -216,15 +206,12 @@ class Rebuilder:
         if done is not None:
             return done
         for r in reversed(self._chain(row, self._full)):
-            output = unpack_ints(r["output_ids"])
-            if r["is_delta"]:
-                request, prompt = rebuild(
-                    self._full[r["parent_id"]], r["request"], unpack_ints(r["prompt_ids"]),
-                    r["prompt_shared"],
-                )  # fmt: skip
-            else:
-                request, prompt = r["request"], unpack_ints(r["prompt_ids"])
-            self._full[r["id"]] = Full(request, prompt, output)
+            request, prompt = r["request"], unpack_ints(r["prompt_ids"])
+            if r["is_delta"]:  # the parent's prompt + output, cut to what is shared, + its own
+                parent = self._full[r["parent_id"]]
+                request = apply_request_delta(parent.request, request)
+                prompt = [*parent.prompt_ids, *parent.output_ids][: r["prompt_shared"]] + prompt
+            self._full[r["id"]] = Full(request, prompt, unpack_ints(r["output_ids"]))
         return self._full[row["id"]]
 
     def one(self, row: Any) -> Full:
