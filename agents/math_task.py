@@ -71,12 +71,10 @@ def _operands(rng: random.Random, op: str, max_operand: int) -> tuple[int, int, 
         a = rng.randint(2, max_operand)
         b = rng.randint(1, a - 1)
         return a, b, a - b
-    if op == "mul":
-        # Products of two operands up to max_operand get large fast; keep them small.
-        top = max(2, min(10, max_operand // 2))
-        a, b = rng.randint(2, top), rng.randint(2, top)
-        return a, b, a * b
-    raise ValueError(f"unknown operation {op!r}; expected one of {list(OPERATIONS)}")
+    # "mul": products of two operands up to max_operand get large fast; keep them small
+    top = max(2, min(10, max_operand // 2))
+    a, b = rng.randint(2, top), rng.randint(2, top)
+    return a, b, a * b
 
 
 def arithmetic_word_problems(
