@@ -80,17 +80,16 @@ def main() -> None:
         {"engine": k, "median s per batch": v, "each round s": result["rounds_s"][k]}
         for k, v in result["median_s"].items()
     ]
-    lines = [
+    intro = (
         f"{measured_on()}, torch {torch.__version__}, {torch.get_num_threads()} threads: "
         f"`python -m bench.engine_batch --rounds {args.rounds} --rows {args.rows}`: "
         f"{args.rows} demo prompts (mean {result['prompt_tokens_mean']} tokens) at once, "
-        "temperature 0.7, up to 48 new tokens; median of alternating rounds.",
-        "",
-        *table(rows, "lrl"),
-        "",
-        f"Shared-prefix prefill is **{result['speedup']:.2f}x** faster on this batch.",
-    ]
-    publish(args, section("engine-batch", "bench/engine_batch.py", lines))
+        "temperature 0.7, up to 48 new tokens; median of alternating rounds."
+    )
+    verdict = f"Shared-prefix prefill is **{result['speedup']:.2f}x** faster on this batch."
+    publish(
+        args, section("engine-batch", "bench/engine_batch.py", intro, table(rows, "lrl"), verdict)
+    )
 
 
 if __name__ == "__main__":

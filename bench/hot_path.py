@@ -364,21 +364,18 @@ class Bench:
             )
         sessions = {rec.session_id for r in self.long for rec in r.result.records}
         stored, final = storage(db, sessions)
-        lines = [
-            machine(),
-            "",
-            f"{self.args.long_turns}-turn sessions in lockstep, every user turn a ~2 kB "
-            "tool-output block; CPU ms per request by turn:",
-            "",
-            *table(rows, "rl" + "r" * (len(rows[0]) - 2)),
-            "",
-            f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation (prompt "
-            f"+ output ids + request): {final / 1e6:.2f} MB; ratio {stored / final:.2f}x.",
-        ]
+        shape = (f"{self.args.long_turns}-turn sessions in lockstep, every user turn a ~2 kB "
+                 "tool-output block; CPU ms per request by turn:")  # fmt: skip
+        stores = (f"Stored per long session: {stored / 1e6:.2f} MB; its final conversation "
+                  f"(prompt + output ids + request): {final / 1e6:.2f} MB; ratio "
+                  f"{stored / final:.2f}x.")  # fmt: skip
+        blocks = [machine(), shape, table(rows, "rl" + "r" * (len(rows[0]) - 2)), stores]
         if self.long_profile:
-            levels = max(self.args.levels)
-            lines += ["", f"py-spy, gateway, long sessions at {levels}:", "", *self.long_profile]
-        return section("hot-path-long", "bench/hot_path.py --long", lines)
+            blocks += [
+                f"py-spy, gateway, long sessions at {max(self.args.levels)}:",
+                self.long_profile,
+            ]
+        return section("hot-path-long", "bench/hot_path.py --long", *blocks)
 
     def short_section(self, store: str) -> str:
         ref = {r.result.concurrency: r.cpu_ms for r in self.runs if r.path == PASS}
@@ -396,11 +393,10 @@ class Bench:
             for r in self.runs
         ]
         store = f"Store check after `kill -9` of the gateway: {store}"
-        lines = [machine(), "", *table(rows, "rlrrrrrr"), "", store]
+        blocks = [machine(), table(rows, "rlrrrrrr"), store]
         if self.profile:
-            levels = max(self.args.levels)
-            lines += ["", f"py-spy, gateway at {levels} sessions:", "", *self.profile]
-        return section("hot-path", "bench/hot_path.py", lines)
+            blocks += [f"py-spy, gateway at {max(self.args.levels)} sessions:", self.profile]
+        return section("hot-path", "bench/hot_path.py", *blocks)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.procs import checkout_env
 from bench.report import ROOT, read_jsonl
 
 PROBE = re.compile(r"machine probe: ([0-9.]+) s")
@@ -49,9 +50,8 @@ def run_one(args: argparse.Namespace, seed: int, slot: int) -> dict[str, Any]:
     # DeepSpeed's CPU op built where `make` builds it, not in a folder other jobs share
     # (a job killed mid-build there leaves a lock that hangs every later run)
     ext = os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache/torch_extensions"))
-    offline = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext, OMP_NUM_THREADS=str(args.threads), **offline)
-    env["PYTHONUNBUFFERED"] = "1"
+    env = checkout_env() | dict(TORCH_EXTENSIONS_DIR=ext, PYTHONUNBUFFERED="1")
+    env["OMP_NUM_THREADS"] = str(args.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with (run_dir / "stdout.log").open("w") as log:

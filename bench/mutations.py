@@ -7,20 +7,17 @@ one fail.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
+from bench.procs import checkout_env
 from bench.report import ROOT
 from tests.mutations import MUTATIONS
 
 
 def run(mutation: str | None) -> tuple[bool, float, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("TURNSTILE_MUTATION", None)
-    if mutation:
-        env["TURNSTILE_MUTATION"] = mutation
+    env = checkout_env() | {"TURNSTILE_MUTATION": mutation or ""}  # "": unbroken
     started = time.time()
     out = subprocess.run(
         [str(ROOT / ".venv/bin/pytest"), "-q", "-p", "tests.mutations", "tests/test_learning.py"],

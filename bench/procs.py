@@ -25,7 +25,8 @@ TURNSTILE = str(Path(sys.executable).parent / "turnstile")
 def checkout_env() -> dict[str, str]:
     """The children's environment: this checkout's code (PYTHONPATH), not an installed
     copy, and nothing fetched from a hub."""
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    offline = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT), **offline)
     env.setdefault("TURNSTILE_CACHE", str(ROOT / ".cache"))
     return env
 

@@ -1,10 +1,7 @@
 """Replicas on one PostgreSQL under load and faults: the figures of docs/reliability.md.
 
-Three `turnstile serve --engine fake` replicas share one throwaway PostgreSQL server
-(fsync on), driven by bench/replicas.py's agents. Scenarios: `load`; `kill` (one replica
-SIGKILLed a third of the way in, then restarted); `postgres` (the server stopped for
-`--outage-s` seconds under load). After each, every 200 must be in the database under
-its session with its parent and its reward.
+Scenarios `load`, `kill` and `postgres` (docs/reliability.md, "Load held"); after each,
+every 200 must be in the database under its session with its parent and its reward.
 
     python -m bench.reliability                 # all three, writes docs/reliability.md
     python -m bench.reliability --only load --runs 1 --no-docs
@@ -121,19 +118,20 @@ SCENARIOS = {"load": load, "kill": kill, "postgres": postgres_outage}
 
 def doc_section(args: argparse.Namespace, rows: list[Row]) -> str:
     cells = [r.cells() for r in rows]
-    lines = [
+    intro = (
         f"{measured_on()}, no GPU, other engineers' work running on the same cores: "
         f"`python -m bench.reliability` ({args.sessions} sessions x {args.turns} turns, "
         f"three `turnstile serve --engine fake --fake-delay-s {args.fake_delay_s:g}` "
-        "replicas, PostgreSQL 15 with fsync on, all on this machine).",
-        "",
-        *table(cells, "l" * len(cells[0])),
-        "",
+        "replicas, PostgreSQL 15 with fsync on, all on this machine)."
+    )
+    legend = (
         "200s: answers received; lost: answers not in the database under their session with "
         "their parent and reward (must be 0); 5xx: final answers (after the client's retries) "
-        "that were server errors; latency is per request as the agent saw it.",
-    ]
-    return section("reliability", "bench/reliability.py", lines)
+        "that were server errors; latency is per request as the agent saw it."
+    )
+    return section(
+        "reliability", "bench/reliability.py", intro, table(cells, "l" * len(cells[0])), legend
+    )
 
 
 async def main_async(args: argparse.Namespace) -> int:

@@ -27,10 +27,11 @@ def arguments(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def section(name: str, writer: str, lines: Iterable[str]) -> str:
-    """The text of section `name`, between the markers its writer's runs look for."""
+def section(name: str, writer: str, *blocks: str | list[str]) -> str:
+    """The text of section `name`, between the markers its writer's runs look for: its
+    blocks (a paragraph, or a table's lines), a blank line apart."""
     begin, end = f"<!-- BEGIN {name} (written by {writer}) -->", f"<!-- END {name} -->"
-    return "\n".join([begin, "", *lines, "", end])
+    return "\n\n".join([begin, *(b if isinstance(b, str) else "\n".join(b) for b in blocks), end])
 
 
 def write_section(text: str, path: Path = DOC) -> None:

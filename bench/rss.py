@@ -1,11 +1,8 @@
 """Gateway memory behind an external engine: how small it starts, and whether it stays flat.
 
-Behind an external engine the gateway holds a tokenizer, never a model (no torch or
-transformers mapped), and an ended session's state leaves its bounded caches
-(gateway/lru.py), so RSS should stop growing. This drives `--sessions` short sessions
-through `turnstile serve` in front of bench/engine_server.py (`--engine fake`: the
-gateway's in-process fake) and reads RSS at checkpoints. Targets: at most 150 MB after
-the first session and after 20,000, within 10% of RSS after 2,000.
+`--sessions` short sessions through `turnstile serve` in front of bench/engine_server.py,
+RSS read at checkpoints; the method and targets: docs/benchmarks.md, "Memory behind an
+external engine".
 
     python -m bench.rss                  # 20,000 sessions, ~3 min on 2 cores
     python -m bench.rss --sessions 4000 --no-docs
@@ -87,27 +84,25 @@ def doc_section(
     engine = "`turnstile serve --engine fake`"
     if args.engine == "external":
         engine = "`turnstile serve --engine sglang` in front of bench/engine_server.py"
-    lines = [
+    return section(
+        "rss",
+        "bench/rss.py",
         f"{measured_on()}, no GPU: `python -m bench.rss --engine {args.engine} --sessions "
         f"{args.sessions} --turns {args.turns} --concurrency {args.concurrency}` ({engine}, "
         "default cache bounds).",
-        "",
         f"Ready: **{start['ready']:.1f} MB**; after its first session: "
         f"**{start['first']:.1f} MB** (target: at most 150 MB); torch or transformers "
         f"files mapped: {len(heavy)}.",
-        "",
-        *table(
+        table(
             [
                 {"sessions finished": f"{n:,}", "gateway RSS, MB": f"{mb:.1f}"}
                 for n, mb in sorted(rss.items())
             ],
             "rr",
         ),
-        "",
         f"RSS after {args.sessions:,} sessions: **{last:.1f} MB** (target: at most 150 MB); "
         f"/ after {args.first:,}: **{last / first:.3f}x** (target: within 10%).",
-    ]
-    return section("rss", "bench/rss.py", lines)
+    )
 
 
 async def main_async(args: argparse.Namespace) -> int:

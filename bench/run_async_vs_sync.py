@@ -66,16 +66,15 @@ COLUMNS = {  # the table's header: how a run's figures show in it
 def doc_section(results: list[dict], steps: int) -> str:
     sync, asyn = results
     rows = [{head: cell.format(**r) for head, cell in COLUMNS.items()} for r in results]
-    lines = [
+    return section(
+        "async-vs-sync",
+        "bench/run_async_vs_sync.py",
         f"{measured_on()}, no GPU: {steps} steps of agents/math_multi_turn.yaml each (8 "
         "prompts x 4 runs a step, SmolLM2-135M, embedded engine, DeepSpeed ZeRO-0).",
-        "",
-        *table(rows, "l" * len(COLUMNS)),
-        "",
+        table(rows, "l" * len(COLUMNS)),
         f"Async over sync, training loop: {sync['loop_s'] / asyn['loop_s']:.2f}x "
         f"({sync['loop_s']:.0f} s -> {asyn['loop_s']:.0f} s).",
-    ]
-    return section("async-vs-sync", "bench/run_async_vs_sync.py", lines)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,19 +134,17 @@ def doc_section(args: argparse.Namespace, result: dict) -> str:
         )
     else:
         verdict = f"Ratio trainer / bare: **{result['ratio']:.2f}x** (target: at most 1.2x)."
-    lines = [
+    intro = (
         f"{measured_on()}, torch {torch.__version__}, {torch.get_num_threads()} threads: "
         f"`python -m bench.trainer_step --rounds {args.rounds} --seqs {args.seqs} --tokens "
         f"{args.tokens}{group}`, {result['tokens']} tokens per step before sharing, median "
-        f"of {args.rounds} alternating rounds.",
-        "",
-        *table(rows, "lrl"),
-        "",
-        verdict,
-    ]
+        f"of {args.rounds} alternating rounds."
+    )
     if group:
-        return section("trainer-step-shared", "bench/trainer_step.py --group", lines)
-    return section("trainer-step", "bench/trainer_step.py", lines)
+        name, writer = "trainer-step-shared", "bench/trainer_step.py --group"
+    else:
+        name, writer = "trainer-step", "bench/trainer_step.py"
+    return section(name, writer, intro, table(rows, "lrl"), verdict)
 
 
 if __name__ == "__main__":
