@@ -123,7 +123,7 @@ def test_registry(registries) -> None:  # type: ignore[no-untyped-def]
     register_env("my-env", MathSingleStepEnv)
     with pytest.raises(RegistryError, match="already registered"):
         register_env("math-single-step", EchoEnv)
-    assert "math-multi-turn" in registry.registered_agents()
+    assert "math-multi-turn" in registry._AGENTS
     assert isinstance(make_env("math-single-step"), MathSingleStepEnv)
 
 

@@ -207,9 +207,8 @@ class Trainer:
         run_dir = Path(cfg.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         model_dir = Path(checkpoint) if checkpoint else resolve_model_dir(cfg.model)
-        admin_key = secrets.token_urlsafe(24)
         database = Path(cfg.gateway.database or run_dir / "sessions.db")
-        self.gateway = self._start_gateway(model_dir, database, admin_key)
+        self.gateway = self._start_gateway(model_dir, database, secrets.token_urlsafe(24))
 
         async def run() -> Any:
             async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as http:

@@ -98,7 +98,3 @@ def make_agent(name: str, **args: Any) -> Agent:
 
 def make_env(name: str, **args: Any) -> EnvironmentService:
     return _make(_ENVS, name, args)
-
-
-def registered_agents() -> list[str]:
-    return sorted(_AGENTS)

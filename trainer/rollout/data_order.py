@@ -8,8 +8,16 @@ set of consumed groups: a low-water mark plus the few consumed above it.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
+
+
+@functools.lru_cache(maxsize=1)
+def _epoch_order(seed: int, num_rows: int, epoch: int) -> list[int]:
+    order = list(range(num_rows))
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
 
 
 class DataOrder:
@@ -18,19 +26,13 @@ class DataOrder:
             raise ValueError("the dataset is empty")
         self.num_rows = num_rows
         self.seed = seed
-        self._epoch_cache: dict[int, list[int]] = {}
         self.low = 0  # every group below this was consumed by training
         self.consumed_above: set[int] = set()
         self._next = 0  # next group index to hand out
 
     def row(self, group: int) -> int:
         epoch, pos = divmod(group, self.num_rows)
-        order = self._epoch_cache.get(epoch)
-        if order is None:
-            order = list(range(self.num_rows))
-            random.Random(f"{self.seed}:{epoch}").shuffle(order)
-            self._epoch_cache = {epoch: order}
-        return order[pos]
+        return _epoch_order(self.seed, self.num_rows, epoch)[pos]
 
     def next_group(self) -> int:
         """The next group not yet consumed (in-flight groups lost to a crash come again)."""

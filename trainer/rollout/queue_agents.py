@@ -40,9 +40,9 @@ from typing import Any
 
 from trainer.api.agent import Agent, BundledGenerationOutputs, EnvironmentService
 from trainer.api.io_struct import GenerationHyperparameters, LLMRequest
-from trainer.backend.batches import SampleError, split_sequences
+from trainer.backend.batches import SampleError
 from trainer.rollout.engine import RolloutEngine
-from trainer.rollout.token_episodes import RecordedEpisodeRunner, Returned, check_sequence
+from trainer.rollout.token_episodes import RecordedEpisodeRunner, Returned, returned_sequences
 
 __all__ = ["QueueAgentRunner"]
 
@@ -92,7 +92,7 @@ class QueueAgentRunner(RecordedEpisodeRunner):
         seqs: list[Returned] = []
         for i, traj in enumerate(out):
             try:
-                seqs += [check_sequence(seq) for seq in split_sequences(traj)]
+                seqs += returned_sequences(traj)
             except SampleError as exc:
                 raise SampleError(f"trajectory {i}: {exc}") from None
         return seqs
