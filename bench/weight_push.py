@@ -59,16 +59,16 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
     model = load_causal_lm(resolve_model_dir(None)).eval()
     state = {k: v.detach() for k, v in model.state_dict().items()}
     nbytes = sum(t.numel() * t.element_size() for k, t in state.items() if k != "lm_head.weight")
-    work = Path(tempfile.mkdtemp(prefix="weight-push-"))
-    gateway = vllm_gateway(work, vllm_url) if vllm_url else embedded_gateway(work)
     writes: list[float] = []
-    try:
-        with gateway as (url, admin_key), httpx.Client(timeout=900) as http:
-            weights, auth = f"{gateway_root(url)}/admin/weights", f"Bearer {admin_key}"
-            version = int(
-                http.get(weights, headers={"Authorization": auth}).json()["policy_version"]
-            )
-            versions = itertools.count(version + 1)
+    with tempfile.TemporaryDirectory(prefix="weight-push-", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
+        gateway = vllm_gateway(work, vllm_url) if vllm_url else embedded_gateway(work)
+        with (
+            gateway as (url, admin_key),
+            httpx.Client(timeout=900, headers={"Authorization": f"Bearer {admin_key}"}) as http,
+        ):
+            weights = f"{gateway_root(url)}/admin/weights"
+            versions = itertools.count(int(http.get(weights).json()["policy_version"]) + 1)
             with WeightPush([url], admin_key) as pusher:
                 first = pusher.push(next(versions), state)
 
@@ -78,16 +78,13 @@ def run(rounds: int, vllm_url: str | None) -> dict[str, float]:
                     t0 = time.perf_counter()
                     model.save_pretrained(folder, state_dict=state)
                     writes.append(time.perf_counter() - t0)
-                    body = {"version": version, "path": str(folder)}
                     http.post(
-                        weights, headers={"Authorization": auth}, json=body
+                        weights, json={"version": version, "path": str(folder)}
                     ).raise_for_status()
                     shutil.rmtree(folder, ignore_errors=True)
 
                 steps = {"push": lambda: pusher.push(next(versions), state), "disk": disk}
                 med = medians(alternate(steps, rounds, warm_up=False))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return {
         "mib": nbytes / 2**20,
         "first_push_s": first.seconds,
@@ -110,15 +107,13 @@ def doc_section(results: dict[str, dict[str, float]], rounds: int) -> str:
         for name, r in results.items()
     ]
     mib = next(iter(results.values()))["mib"]
-    lines = [
+    intro = (
         f"{measured_on()}, busy with other runs; median of {rounds} rounds each, alternating "
         "(`python -m bench.weight_push --vllm-url URL`, vLLM started as deploy/vllm/ starts "
         f"it). SmolLM2-135M in fp32, {mib:.0f} MiB sent once (the tied `lm_head.weight` is "
-        "the embedding).",
-        "",
-        *table(rows, "lllll"),
-    ]
-    return section("weight-push", "bench/weight_push.py", lines)
+        "the embedding)."
+    )
+    return section("weight-push", "bench/weight_push.py", intro, table(rows, "lllll"))
 
 
 def main() -> None:
