@@ -42,7 +42,9 @@ def cluster() -> Iterator[Any]:
 def _runner(gw: Any, http: httpx.AsyncClient, tmp_path: Path, **kw: Any) -> AgentRunner:
     agent = make_workflow(f"{AGENTS}:ReportingSyncAgent", {"report_dir": str(tmp_path)})
     gateway = GatewayAdmin(gw.url, ADMIN_KEY, http)
-    return AgentRunner([gateway], agent, placement=AgentConfig(mode="ray", **kw))
+    return AgentRunner(
+        [gateway], agent, placement=AgentConfig(mode="ray", **{"max_retries": 0, **kw})
+    )
 
 
 async def test_an_agent_loaded_by_path_runs_as_a_ray_task_with_the_inline_arguments(
