@@ -6,12 +6,8 @@ a background task asks the store every `end_poll_s` which sessions ended lately 
 query per poll, however many sessions are live, not one per cached key). Store reads
 run off the event loop: against a shared PostgreSQL each is a network round trip.
 
-What a refused key learns (docs/security.md): a missing, malformed, unknown or expired
-key gets one and the same 401, so no answer tells whether a key exists or once did; only
-a live session's own key gets 410 (ended) or 404 (another session's id). Keys are never
-compared as text: the admin key's digest in constant time, a session key looked up by
-its digest (in the store) or by a hash table (the cache). Clients that keep offering
-such keys are locked out for a while (auth_limits.py).
+A refused key learns nothing (docs/security.md): a missing, malformed, unknown or
+expired key gets one and the same 401, and keys are never compared as text.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The abuse limit on failed key checks: a client that keeps offering keys that open
-nothing is refused (429, `Retry-After`) for a while. docs/security.md ("Abuse limits")
-says what counts as a failure and how clients are told apart.
-
-A client with `limit` failures within the last `window_s` seconds is locked out for
-`lockout_s`, refused before its key is looked at (so the 429 says nothing about the
-key). The window slides as most rate limiters estimate it: this fixed window's count
-plus the previous one's, weighted by how much of it is still inside `window_s` (two
-counters, not one timestamp per failure). O(1) per request; at most `max_clients`
-tracked (least recently failed out first).
+nothing is locked out (429, `Retry-After`) for a while, refused before its key is looked
+at. docs/security.md ("Abuse limits") has the policy; the window slides on two counters
+per client, not one timestamp per failure, so a request costs O(1).
 """
 
 from __future__ import annotations
