@@ -1,11 +1,8 @@
 """One trainer step against a bare PyTorch fwd+bwd+AdamW step on the same packed tokens.
 
-The trainer's step is what `turnstile train` runs (`PPOActor.train` calling
-`DeepSpeedEngine.train_batch`); the reference is what a person would write by hand:
-the same model in fp32 and packed sequences, logprobs of the trained tokens only, a
-policy-gradient loss, AdamW. `--group N` shapes the batch like a GRPO step instead (each
-N sequences share a prompt of 3/4 of their tokens) and runs the trainer with
-`train.share_prefixes` on and off. Each writes its section of docs/benchmarks.md.
+The method: docs/benchmarks.md, "Trainer step against a bare PyTorch step". `--group N`
+shapes the batch like a GRPO step (N sequences share a prompt) and runs the trainer with
+`train.share_prefixes` on and off, into a section of its own.
 
     .venv/bin/python -m bench.trainer_step [--rounds 5] [--seqs 4] [--tokens 256] [--no-docs]
 """
