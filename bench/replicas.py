@@ -115,6 +115,7 @@ class Outcome:
         return [s for s in self.sent if s.status == 200]
 
 
+@dataclass
 class Agents:
     """`sessions` agents, each `turns` turns, each request to a random live replica.
 
@@ -125,27 +126,19 @@ class Agents:
     reward, posted twice at once through two other replicas, racing the next turns.
     """
 
-    def __init__(
-        self,
-        replicas: Replicas,
-        sessions: int,
-        turns: int,
-        retry_every: int = 0,
-        rewards: bool = True,
-        seed: int = 0,
-        timeout_s: float = 120.0,
-    ) -> None:
-        self.replicas = replicas
-        self.sessions = sessions
-        self.turns = turns
-        self.retry_every = retry_every
-        self.rewards = rewards
-        self.rng = random.Random(seed)
-        self.down: set[int] = set()  # replicas the test killed (not picked while down)
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.outcome = Outcome()
-        self.session_keys: dict[str, str] = {}
-        self.rewarding: list[asyncio.Future[None]] = []  # reward posts, racing the turns
+    replicas: Replicas
+    sessions: int
+    turns: int
+    retry_every: int = 0
+    rewards: bool = True
+    seed: int = 0
+    down: set[int] = field(default_factory=set, init=False)  # killed replicas: not picked
+    outcome: Outcome = field(default_factory=Outcome, init=False)
+    session_keys: dict[str, str] = field(default_factory=dict, init=False)
+    rewarding: list[asyncio.Future[None]] = field(default_factory=list, init=False)  # racing
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
         self.http: aiohttp.ClientSession  # the run's, opened by run()
 
     def pick(self, avoid: int | None = None) -> int:
@@ -155,8 +148,8 @@ class Agents:
 
     async def run(self) -> Outcome:
         began = time.monotonic()
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(timeout=self.timeout, connector=connector) as http:
+        connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             self.http = http
             admin, urls = self.replicas.admin_key, self.replicas.urls
             keys = await asyncio.gather(
