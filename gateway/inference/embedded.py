@@ -82,18 +82,14 @@ class EmbeddedEngine(InferenceEngine):
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         if self.model is None:
-            await asyncio.to_thread(self.load)
+            self.model_dir = await asyncio.to_thread(resolve_model_dir, self.model_spec)
+            model = await asyncio.to_thread(load_causal_lm, self.model_dir, self.device)
+            self.model = model.eval()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._worker, name="embedded-engine", daemon=True
             )
             self._thread.start()
-
-    def load(self) -> None:
-        self.model_dir = resolve_model_dir(self.model_spec)
-        model = load_causal_lm(self.model_dir, self.device)
-        model.eval()
-        self.model = model
 
     async def close(self) -> None:
         if self._thread is not None:
@@ -323,7 +319,12 @@ class EmbeddedEngine(InferenceEngine):
             top_ps=torch.tensor(
                 [r.params.top_p for r in reqs], dtype=torch.float32, device=self.device
             ),
-            generators=[_generator_for(r.params.seed, self.device) for r in reqs],
+            generators=[
+                None
+                if r.params.seed is None
+                else torch.Generator(self.device).manual_seed(int(r.params.seed))
+                for r in reqs
+            ],
         )
         return rows, out.logits[:, -1, :].float()
 
@@ -438,14 +439,6 @@ class EmbeddedEngine(InferenceEngine):
                 r.chunks.put_nowait(None)  # after its every chunk: the stream reads the end
 
         r.loop.call_soon_threadsafe(settle)
-
-
-def _generator_for(seed: int | None, device: str) -> torch.Generator | None:
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    return g
 
 
 def _sample(
