@@ -102,7 +102,7 @@ class VLLMEngine(RemoteEngine):
         seg.ids += ids
         reason = choice.get("finish_reason")
         if reason is not None:
-            seg.finish = {"type": reason if reason in ("length", "abort") else "stop"}
+            seg.finish = {"type": reason}  # read by remote.finish_reason
         # A stream labels its tokens only on its last event: remote.py stamps them.
         spans = None if seg.stream else choice.get("weight_versions")
         if not spans:
