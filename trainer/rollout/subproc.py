@@ -129,18 +129,6 @@ def file_modules() -> tuple[str, ...]:
 # ---- the worker side -------------------------------------------------------------------
 
 
-def _import_file_modules(paths: tuple[str, ...]) -> list[str]:
-    """Import the shipped agent files under the trainer's module names (import_file derives
-    the name from the path); return what failed (it matters only if needed)."""
-    failed = []
-    for path in paths:
-        try:
-            import_file(path)
-        except Exception as exc:
-            failed.append(f"{type(exc).__name__}: {exc}")
-    return failed
-
-
 def _error_reply(kind: str, exc: BaseException, note: str = "") -> bytes:
     tb = "".join(traceback.format_exception(exc))
     try:
@@ -157,7 +145,14 @@ def _error_reply(kind: str, exc: BaseException, note: str = "") -> bytes:
 
 def _run_job(job: bytes) -> bytes:
     modules, agent_blob, data_blob, base_url, api_key = pickle.loads(job)
-    failed = _import_file_modules(modules)
+    # the shipped agent files, under the trainer's module names (import_file derives the
+    # name from the path); what failed matters only if the agent or data cannot load
+    failed = []
+    for path in modules:
+        try:
+            import_file(path)
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {exc}")
     try:
         agent = pickle.loads(agent_blob)
         data = pickle.loads(data_blob)
