@@ -173,13 +173,45 @@ def test_a_reply_cut_short_garbage_or_a_stall_is_an_engine_error_and_the_next_wo
             engine = SGLangEngine(url, ServerOptions(timeout_s=0.5, max_context=4096))
             await engine.start()
             for mode, match in failures.items():
-                modes.append(mode)
+                # a connection closed before any answer is sent again once: it fails twice
+                modes.extend([mode] * (2 if mode == "nothing" else 1))
                 stream = mode in ("stream-cut", "stall")
                 with pytest.raises(EngineError, match=match) as err:
                     await ask(engine, stream)
                 assert not isinstance(err.value, ServerUnreachable)
                 assert url in str(err.value)
                 assert await ask(engine, stream) == [7, 8], f"after {mode}"
+            await engine.close()
+
+    run(main())
+
+
+def test_a_generation_whose_connection_breaks_before_any_answer_is_sent_again() -> None:
+    """A kept-alive connection the server closes just as it is reused takes the request
+    with it: nothing was generated, so the engine sends it again (once), streamed or not,
+    and the agent sees one answer, not a 503."""
+    drops: list[bytes] = []
+
+    async def drop_every_other(head: bytes, body: bytes, w: asyncio.StreamWriter) -> bool:
+        if head.startswith(b"POST /generate") and len(drops) % 2 == 0:
+            drops.append(head)
+            return False  # closed without an answer
+        if head.startswith(b"POST /generate"):
+            drops.append(head)
+        return await answer(head, body, w)
+
+    async def main() -> None:
+        server = RawServer(drop_every_other)
+        async with server as url:
+            engine = SGLangEngine(url, ServerOptions(max_context=4096))
+            await engine.start()
+            result = await engine.generate(PROMPT, SamplingParams(4))
+            assert result.output_ids == [7, 8] and result.logprobs == [-0.5, -0.25]
+            items = [item async for item in engine.stream(PROMPT, SamplingParams(4))]
+            assert items[-1].output_ids == [7, 8]  # type: ignore[union-attr]
+            assert len(drops) == 4  # each request: dropped once, answered the second time
+            sent = [json.loads(b) for h, b in server.requests if h.startswith(b"POST /gen")]
+            assert all(body["input_ids"] == PROMPT for body in sent)  # the same request again
             await engine.close()
 
     run(main())

@@ -57,6 +57,11 @@ class ServerUnreachable(EngineError):
     """No connection could be made: the request never reached the server."""
 
 
+class Unanswered(EngineError):
+    """The connection broke before any answer (a kept-alive one the server closed as it
+    was reused): nothing was generated for us, so the request may be sent again."""
+
+
 @dataclass(slots=True)
 class Segment:
     """One server request, a segment of a generation (after an abort, the next one
@@ -434,6 +439,7 @@ class RemoteEngine(InferenceEngine):
         first_token: float | None = None
         url = self._pick(route_key)
         tried: set[str] = set()
+        resent = False  # once, after a connection broke before any answer
         stalled = 0  # consecutive aborted segments that made no progress
         try:
             while len(output) < params.max_new_tokens:
@@ -468,6 +474,11 @@ class RemoteEngine(InferenceEngine):
                         yield TokenChunk(
                             ids, lps, [v] * len(ids), alts if top is not None else None
                         )
+                except Unanswered:
+                    if resent:
+                        raise
+                    resent = True
+                    continue
                 except ServerUnreachable:
                     if self.router is None or seg.ids:
                         raise
@@ -517,10 +528,12 @@ class RemoteEngine(InferenceEngine):
         assert self._client is not None
         url, body = seg.url, seg.body
         data = body if isinstance(body, bytes) else b"".join(body)
+        answered = False
         try:
             async with self._client.post(
                 f"{url}{self.generate_path}", data=data, headers=seg.headers
             ) as r:
+                answered = True
                 if r.status != 200:
                     raise self.refusal(url, r.status, await r.read())
                 answers = sse_events(r.content) if seg.stream else _one(await r.read())
@@ -537,7 +550,10 @@ class RemoteEngine(InferenceEngine):
                 f"{self.options.timeout_s:g} s"
             ) from exc
         except aiohttp.ClientError as exc:
-            raise EngineError(f"the {self.label} server at {url} failed: {describe(exc)}") from exc
+            message = f"the {self.label} server at {url} failed: {describe(exc)}"
+            if isinstance(exc, UNSENT) and not answered:
+                raise Unanswered(message) from exc
+            raise EngineError(message) from exc
         if seg.finish is None:
             raise EngineError(f"the {self.label} server at {url} ended the stream before finishing")
 
