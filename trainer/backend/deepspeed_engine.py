@@ -46,21 +46,6 @@ def init_distributed(device: str) -> None:
     deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl", verbose=False)
 
 
-def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage},
-        # our client AdamW: DeepSpeed's fused/CPU Adam would JIT-compile for a minute
-        "zero_allow_untested_optimizer": True,
-        "fp16": {"enabled": False},
-        "bf16": {"enabled": False},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
 def lr_factor(update: int, cfg: TrainConfig) -> float:
     """The multiple of `train.lr` that update `update` (from 0) runs at.
 
@@ -89,7 +74,6 @@ class DeepSpeedEngine(TrainEngine):
             raise ValueError(f"train.zero_stage must be 0, 1, 2 or 3; got {cfg.zero_stage}")
         init_distributed(device)
         self.cfg = cfg
-        self.device = device
         model = load_causal_lm(model_dir, device)
         # train in fp32: bf16 matmuls are ~30x slower on this kind of CPU
         model = model.float()
@@ -102,8 +86,16 @@ class DeepSpeedEngine(TrainEngine):
         # DeepSpeed's own engine object, wrapping the model (not our TrainEngine); it steps
         # the scheduler after every optimizer update
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(done, cfg))
+        config = {
+            "train_micro_batch_size_per_gpu": 1,  # accumulation: train_batch's boundaries
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage},
+            # our client AdamW: DeepSpeed's fused/CPU Adam would JIT-compile for a minute
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+        }
         self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_config(cfg), lr_scheduler=schedule
+            model=model, optimizer=optimizer, config=config, lr_scheduler=schedule
         )
         self.global_step = 0
         self.rank = distributed.rank()
