@@ -1,18 +1,11 @@
 """Packing sequences that share a prompt: the shared tokens are run through the model once.
 
-A GRPO group is several runs of one prompt, and a multi-turn run's later turns repeat
-its earlier ones, so most of a step's packed tokens are prompts that the loss never
-trains (in the demo, 3,825 packed tokens carried 896 trained ones). In a micro-batch,
-a sequence whose leading tokens equal another's, untrained in both, keeps only its
-tokens from the last shared one on, at their original positions; an attention mask
-lets those tokens see the other sequence's copy of the prefix. Each kept token then
-attends to the same keys at the same positions as when both are packed in full, so
-logits, logprobs and gradients are the same (up to float rounding): the prefix's
-gradient arrives once, summed over the sequences that read it.
-
-The micro-batch records this in two keys: `offset` (per sequence: leading tokens left
-out; 0 for one packed in full) and `prefix_mask` ((1, 1, T, T), True where a position
-may attend), which `forward_logits` hands the model as its attention mask.
+Most of a step's packed tokens are prompts the loss never trains (a GRPO group's runs, a
+session's earlier turns; docs/training.md, step 4). A sequence that shares another's
+untrained prefix keeps its tokens from the last shared one on, at their original
+positions, and reads the other's copy through the attention mask `prefix_mask` ((1, 1,
+T, T)): the same keys at the same positions, so the same logits and gradients. `offset`
+(per sequence) counts the leading tokens left out.
 """
 
 from __future__ import annotations
