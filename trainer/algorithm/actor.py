@@ -212,11 +212,10 @@ _SUMMED = ("trained_tokens", "packed_tokens", "micro_batches", "train_s")
 
 
 def _split_rows(batch: Batch, parts: int) -> list[Batch]:
-    """`parts` contiguous slices of the rows (advantages were computed over whole groups)."""
-    if parts <= 1:
-        return [batch]
+    """`parts` (at most the rows) contiguous slices of the rows (advantages were computed
+    over whole groups)."""
     chunks = torch.arange(batch["input_ids"].shape[0]).tensor_split(parts)
-    return [{k: v[idx] for k, v in batch.items()} for idx in chunks if len(idx)]
+    return [{k: v[idx] for k, v in batch.items()} for idx in chunks]
 
 
 def _merge(results: list[dict[str, float]]) -> dict[str, float]:
