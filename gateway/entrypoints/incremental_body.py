@@ -1,31 +1,8 @@
 """A request body that extends its session's previous one is parsed and hashed only where
-it is new.
-
-An agent's turn k+1 sends turn k's body again with a few messages added to its history:
-`{"model": ..., "messages": [m1, ..., mk, NEW...], "max_tokens": ...}`. At turn 64 of a
-session with tool outputs that is ~150 kB, of which ~3 kB are new; parsing and hashing
-all of it took ~0.3 ms a turn, growing with the session. Here the body is compared with
-the session's previous bodies as bytes (in C), and when it is one of them with elements
-inserted just before its history's closing `]`, only the new elements are parsed and
-hashed. The result is the request the whole body parses to, its earlier messages the very
-objects of the earlier request's (which the stored delta and the parent link then see
-at a glance), and the same SHA-256 of the whole body. Every history is frozen
-(gateway/frozen.py): shared from one request to the next, none of it can be changed.
-
-Why that is the same parse. A kept body is trusted only once it is proven that its
-history array opens at `start` and closes at `end`, and that this array is the value
-the parse takes for the history key (not a nested key, nor one a later duplicate key
-overrides). Proven once per session (at its second turn, on the small first body); after
-that the proof carries over: a new body C is accepted when
-
-    C == P[:end] + b"," + X + P[end:]      (P: the proven body)
-
-and `[X]` parses as a JSON array, so that X is a sequence of whole values. Then C is P
-with X's values appended to the same array, everything else byte for byte P's; the
-request is validated from `P[:start + 1] + X + P[end:]` (the body with only the new
-messages, so every validator still sees every new message) and its history is P's
-items + those. Anything else (another shape, a client that re-serialises, a changed
-setting) is parsed whole, as before.
+it is new: an agent resends its whole history each turn (~150 kB at turn 64, ~3 kB new).
+The result is provably the whole body's parse, its earlier messages the previous
+request's very objects (frozen), and the same SHA-256; anything else is parsed whole.
+The method and its proofs: docs/benchmarks.md ("The body parsed only where it is new").
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -42,12 +43,12 @@ class PushRequest(BaseModel, extra="forbid"):
     manifest: dict[str, Any]
 
 
+@dataclass
 class _Slot:
     """The engine's receiver and the lock that keeps one group change or push at a time."""
 
-    def __init__(self) -> None:
-        self.receiver: WeightReceiver | None = None
-        self.lock = asyncio.Lock()
+    receiver: WeightReceiver | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _slot(request: Request, state: State) -> tuple[_Slot, WeightReceiver]:

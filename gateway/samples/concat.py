@@ -1,19 +1,10 @@
 """`export_style: concat`: a multi-turn conversation as one training sequence.
 
 Training each turn on its own (`individual`) pays for every earlier turn's tokens again
-as prompt. When a turn's prompt continues, token for token, what its parent saw and
-produced, the two can be one sequence: the earlier outputs stay trainable and the
-tokens in between (user, tool and template text) are masked.
-
-A child *joins* its parent only when that is exactly true and both were sampled at the
-same temperature (a sample carries one). Anywhere else it is a *fallback*: the child
-starts a sample of its own and the parent's chain ends there. The joined edges form a
-forest; every leaf of it gives one sample: the chain of joined turns from its start to
-the leaf. A parent whose chain goes on through another, joined child is not emitted a
-second time, its outputs are already trained in that child's sample.
-
-A turn with no output tokens is joined through like any other (its prompt is still a
-real prefix); a sample with no output token at all is dropped.
+as prompt; here each leaf of the tree of *joined* turns (a prompt continuing its
+parent's tokens exactly, at the same temperature) is one sample. docs/training.md
+("From sessions to a gradient step", 2. Samples) states the rules: joins, fallbacks,
+returns, and what is dropped.
 """
 
 from __future__ import annotations

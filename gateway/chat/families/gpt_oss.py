@@ -2,9 +2,7 @@
 reference: `--chat-template harmony`, or chosen for a tokenizer with harmony's tokens
 and no chat template), and answers split by channel.
 
-Offline: `openai-harmony` downloads o200k_base unless `TIKTOKEN_ENCODINGS_BASE` holds
-it. That file is the gpt-oss tokenizer's own vocabulary in tiktoken's format, so it is
-written from the loaded tokenizer (into $TURNSTILE_CACHE/harmony), sha256-checked.
+Offline: its o200k_base vocabulary is written from the loaded tokenizer (docs/gateway.md).
 
 Answers: the prompt ends with `<|start|>assistant`, so an answer is messages
 `[ to=RECIPIENT]<|channel|>CHANNEL[ <|constrain|>json]<|message|>BODY<|end|>`

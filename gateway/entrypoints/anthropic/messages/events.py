@@ -1,12 +1,7 @@
 """The one choice of a message: its content blocks, and the event stream that announces
-them: `message_start`, `ping`, then per block `content_block_start`,
-`content_block_delta`s (`text_delta`, `thinking_delta`, `signature_delta`,
-`input_json_delta`) and `content_block_stop`; then `message_delta` (stop reason, usage)
-and `message_stop`.
-
-The choice keeps the finished blocks, so the `Message` recorded and answered at the end
-holds what the stream announced; without a stream (`emit=False`) it only keeps them.
-Every block opened is closed: Claude Code breaks on a missing `content_block_stop`.
+them (docs/gateway.md, "Anthropic Messages API", **Streaming**). It keeps the finished
+blocks, so the `Message` recorded and answered holds what the stream announced; every
+block opened is closed (Claude Code breaks on a missing `content_block_stop`).
 """
 
 from __future__ import annotations

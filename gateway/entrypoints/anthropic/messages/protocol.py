@@ -1,13 +1,6 @@
 """`POST /v1/messages` shapes: the request body, its messages as chat messages (what the
 chat template renders and the parent links are hashed on), and the `Message` answered.
-
-Honoured: `system` (a string or text blocks), system-role messages inside `messages`,
-content blocks `text`, `tool_use`, `tool_result` (string or text-block content),
-`thinking` (the gateway's own, recognised by its signature: gateway/signing.py; any
-other is dropped) and `redacted_thinking` (dropped), `tools` with `input_schema`, `tool_choice`, `stop_sequences`,
-`temperature`/`top_p`, `max_tokens` (clamped to what the context leaves). Accepted and
-ignored: `top_k`, `thinking`, `metadata`, `cache_control`, `defer_loading`,
-`output_config`, `context_management`, and any other field.
+What is honoured, refused and ignored: docs/gateway.md ("Anthropic Messages API").
 """
 
 from __future__ import annotations
@@ -253,29 +246,21 @@ def _unsupported(kind: Any, where: str, role: str) -> APIError:
     )
 
 
-def tool_use_ids(req: CountTokensRequest, start: int = 0) -> list[str]:
-    """The ids of the assistant `tool_use` blocks the request sends back (in
-    `req.messages[start:]`)."""
-    return [str(b.get("id")) for b in _sent_back(req, start, "tool_use")]
-
-
-def thinking_key_ids(req: CountTokensRequest, start: int = 0) -> list[str]:
-    """The key ids the signatures of the `thinking` blocks it sends back claim."""
-    sigs = (b.get("signature") for b in _sent_back(req, start, "thinking"))
-    return [k for k in (key_id(s) for s in sigs if isinstance(s, str)) if k is not None]
-
-
-def _sent_back(req: CountTokensRequest, start: int, kind: str) -> list[dict[str, Any]]:
-    """The assistant content blocks of this type in `req.messages[start:]`."""
-    return [
+def sent_back(req: CountTokensRequest, start: int = 0) -> tuple[list[str], list[str]]:
+    """The ids of the assistant `tool_use` blocks in `req.messages[start:]`, and the key
+    ids the signatures of its `thinking` blocks claim."""
+    blocks = [
         b
         for m in req.messages[start:]
         if isinstance(m, dict)
         and m.get("role") == "assistant"
         and isinstance(m.get("content"), list)
         for b in m["content"]
-        if isinstance(b, dict) and b.get("type") == kind
+        if isinstance(b, dict)
     ]
+    tool_ids = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
+    sigs = (b.get("signature") for b in blocks if b.get("type") == "thinking")
+    return tool_ids, [k for k in (key_id(s) for s in sigs if isinstance(s, str)) if k is not None]
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -1,19 +1,10 @@
 """Serving `POST /v1/messages`: the Anthropic Messages API on the shared template
 (gateway/serving/endpoint.py), recorded like every other turn under its `msg_...` id.
 
-Only the Messages-specific steps: Anthropic messages -> chat messages (protocol.py),
-the content blocks and their events (events.py), and two things its clients need:
-
-- Tool inputs come back re-serialised (Claude Code re-dumps them: key spacing, unicode
-  escapes, `120000.0` -> `120000`). A `tool_use` id of the gateway's names the answer it
-  came from (`toolu_<message hex>_<i>`); the arguments the model generated are kept
-  with that answer's record, and a later turn renders those, not the client's copy, so
-  the trained sequence continues the tokens really generated.
-- Side requests (a title for the client's UI, a chore for a smaller model) are recorded
-  with `side_request`, and left out of training exports by default.
-
-The model's reasoning comes back as `thinking` blocks signed for the session
-(gateway/signing.py); only those count as its own when a client sends them back.
+Only its own steps: its messages as chat messages (protocol.py), its blocks and events
+(events.py), the generated tool arguments a later turn renders instead of the client's
+re-serialised input, signed thinking, side requests (docs/gateway.md, "Anthropic
+Messages API").
 """
 
 from __future__ import annotations
@@ -87,8 +78,9 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
         hit = self._chats.get(req.messages)
         if hit is not None and hit[1][0] == req.system:
             start, (_, head) = hit
-        known = await self._tool_arguments(session_id, p_.tool_use_ids(req, start))
-        await self.signing.refresh(p_.thinking_key_ids(req, start))
+        tool_ids, key_ids = p_.sent_back(req, start)
+        known = await self._tool_arguments(session_id, tool_ids)
+        await self.signing.refresh(key_ids)
         own_thinking = partial(self.signing.verify, p_.THINKING, session_id)
         messages = p_.to_chat(req, known.get, own_thinking, start, head)
         _, messages = self._chats.put(req.messages, (req.system, messages))  # frozen
