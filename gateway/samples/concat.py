@@ -12,7 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.samples.registry import register_export_style
-from gateway.samples.sample import Sample, require_reward, reward_of, sampling_temperature
+from gateway.samples.sample import (
+    Sample,
+    chain_sample,
+    require_reward,
+    reward_of,
+    sampling_temperature,
+)
 
 Completion = dict[str, Any]
 
@@ -66,51 +72,16 @@ def path_returns(chain: list[Completion], turn_discount: float) -> list[float]:
     return out
 
 
-def chain_sample(session_id: str, chain: list[Completion], turn_discount: float) -> Sample | None:
-    """One sequence: first prompt and every joined prompt extension masked, outputs trained."""
-    returns = path_returns(chain, turn_discount)
-    input_ids: list[int] = []
-    loss_mask: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    token_returns: list[float] = []
-    for turn, ret in zip(chain, returns, strict=True):
-        masked = list(turn["prompt_ids"][len(input_ids) :])
-        output = list(turn["output_ids"])
-        input_ids += masked + output
-        loss_mask += [0] * len(masked) + [1] * len(output)
-        logprobs += [0.0] * len(masked) + list(turn["output_logprobs"])
-        versions += [-1] * len(masked) + list(turn["output_versions"])
-        token_returns += [0.0] * len(masked) + [ret] * len(output)
-    if not any(loss_mask):
-        return None
-    first, leaf = chain[0], chain[-1]
-    return Sample(
-        session_id=session_id,
-        completion_ids=[c["id"] for c in chain],
-        input_ids=input_ids,
-        loss_mask=loss_mask,
-        logprobs=logprobs,
-        versions=versions,
-        reward=reward_of(leaf),
-        returns=returns[0],
-        temperature=sampling_temperature(first),
-        meta={
-            "finish_reason": leaf.get("finish_reason"),
-            "parent_id": first.get("parent_id"),
-            # A chain that starts below a parent was cut off from it: a fallback.
-            "concat_fallbacks": int(first.get("parent_id") is not None),
-            "turns": len(chain),
-        },
-        token_returns=token_returns,
-    )
-
-
 @register_export_style("concat")
 def concat_samples(
     session_id: str, completions: list[Completion], turn_discount: float = 1.0
 ) -> list[Sample]:
     """One sample per leaf of the joined conversation tree (see the module docstring)."""
     require_reward(session_id, completions)
-    samples = (chain_sample(session_id, ch, turn_discount) for ch in concat_chains(completions))
+    samples = []
+    for chain in concat_chains(completions):
+        # a chain that starts below a parent was cut off from it: a fallback
+        meta = {"concat_fallbacks": int(chain[0].get("parent_id") is not None), "turns": len(chain)}
+        returns = path_returns(chain, turn_discount)
+        samples.append(chain_sample(session_id, chain, returns, meta, per_token=True))
     return [s for s in samples if s is not None]

@@ -49,6 +49,51 @@ def sampling_temperature(completion: dict[str, Any]) -> float:
     return 1.0 if t is None or t <= 0 else float(t)
 
 
+def chain_sample(
+    session_id: str,
+    chain: list[dict[str, Any]],
+    returns: list[float],
+    meta: dict[str, Any] | None = None,
+    per_token: bool = False,
+) -> Sample | None:
+    """One sequence of a chain of turns, each prompt continuing the sequence so far: the
+    tokens each prompt adds masked, each output trained (at its turn's `returns`, with
+    `per_token`). None when no token is trained."""
+    input_ids: list[int] = []
+    loss_mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    token_returns: list[float] = []
+    for turn, ret in zip(chain, returns, strict=True):
+        masked = list(turn["prompt_ids"][len(input_ids) :])
+        output = list(turn["output_ids"])
+        input_ids += masked + output
+        loss_mask += [0] * len(masked) + [1] * len(output)
+        logprobs += [0.0] * len(masked) + list(turn["output_logprobs"])
+        versions += [-1] * len(masked) + list(turn["output_versions"])
+        token_returns += [0.0] * len(masked) + [ret] * len(output)
+    if not any(loss_mask):
+        return None
+    first, leaf = chain[0], chain[-1]
+    return Sample(
+        session_id=session_id,
+        completion_ids=[c["id"] for c in chain],
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        versions=versions,
+        reward=reward_of(leaf),
+        returns=returns[0],
+        temperature=sampling_temperature(first),
+        meta={
+            "finish_reason": leaf.get("finish_reason"),
+            "parent_id": first.get("parent_id"),
+            **(meta or {}),
+        },
+        token_returns=token_returns if per_token else None,
+    )
+
+
 def trainable(
     completions: list[dict[str, Any]], include_side_requests: bool = False
 ) -> list[dict[str, Any]]:
