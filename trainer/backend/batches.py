@@ -10,12 +10,13 @@ model's attention keeps them apart) and `cu_seqlens` marks where each starts.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from trainer.backend.prefix_sharing import Family, families, pack_families
+from trainer.backend.prefix_sharing import MIN_SHARED_TOKENS, families, pack_families
 
 # Keys that must be aligned with input_ids when present.
 PER_TOKEN_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "attention_mask")
@@ -156,10 +157,7 @@ def micro_batches(
     """First-fit by length into packed micro-batches of at most `max_tokens` tokens;
     with `share_prefixes`, sequences sharing an untrained prefix are packed as one
     family (trainer/backend/prefix_sharing.py)."""
-    if share_prefixes:
-        fams = families(seqs, max_tokens)
-    else:
-        fams = [Family.alone(i, s) for i, s in enumerate(seqs)]
+    fams = families(seqs, max_tokens, MIN_SHARED_TOKENS if share_prefixes else math.inf)
     bins = first_fit([f.size for f in fams], max_tokens)
     return [pack_families(seqs, [fams[i] for i in b]) for b in bins]
 

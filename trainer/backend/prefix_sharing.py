@@ -26,11 +26,6 @@ class Family:
     members: list[tuple[int, int]] = field(default_factory=list)
     size: int = 0  # packed tokens
 
-    @classmethod
-    def alone(cls, index: int, seq: dict[str, torch.Tensor]) -> Family:
-        """A sequence packed in full, read by no other."""
-        return cls(index, [(index, 0)], int(seq["input_ids"].numel()))
-
 
 def shared_prefix(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int:
     """Leading tokens `a` and `b` have in common and neither trains."""
@@ -42,23 +37,23 @@ def shared_prefix(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int
 
 
 def families(
-    seqs: list[dict[str, torch.Tensor]], max_tokens: int, min_shared: int = MIN_SHARED_TOKENS
+    seqs: list[dict[str, torch.Tensor]], max_tokens: int, min_shared: float = MIN_SHARED_TOKENS
 ) -> list[Family]:
     """Each sequence joins the family whose owner shares the longest prefix with it
     (at least `min_shared` tokens, and the family stays within `max_tokens`), or
-    starts its own."""
+    starts its own (every sequence does with `min_shared` inf)."""
     out: list[Family] = []
     for i, seq in enumerate(seqs):
         length = int(seq["input_ids"].numel())
         best, best_shared, best_kept = None, 0, 0
-        if "loss_mask" in seq:
+        if "loss_mask" in seq and length >= min_shared:
             for fam in out:
                 shared = shared_prefix(seqs[fam.owner], seq)
                 kept = length - shared + 1  # its own tokens and the last shared one
                 if shared > best_shared and shared >= min_shared and fam.size + kept <= max_tokens:
                     best, best_shared, best_kept = fam, shared, kept
         if best is None:
-            out.append(Family.alone(i, seq))
+            out.append(Family(i, [(i, 0)], length))
         else:
             best.members.append((i, best_shared))
             best.size += best_kept
