@@ -79,7 +79,6 @@ class DeepSpeedEngine(TrainEngine):
         model = model.float()
         model.config.use_cache = False
         model.train()
-        self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
@@ -97,6 +96,7 @@ class DeepSpeedEngine(TrainEngine):
         self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=config, lr_scheduler=schedule
         )
+        self._device = next(self.ds_engine.module.parameters()).device
         self.global_step = 0
         self.rank = distributed.rank()
         self.world = distributed.world_size()
@@ -156,9 +156,8 @@ class DeepSpeedEngine(TrainEngine):
     def _micro_batches(
         self, data: dict[str, torch.Tensor], loss_weight_fn: LossWeightFn
     ) -> tuple[list[MicroBatch], list[float]]:
-        device = next(self.ds_engine.module.parameters()).device
         mbs = [
-            {k: v.to(device) for k, v in mb.items()}
+            {k: v.to(self._device) for k, v in mb.items()}
             for mb in micro_batches(
                 split_padded(data), self.cfg.micro_batch_tokens, self.cfg.share_prefixes
             )
@@ -173,7 +172,8 @@ class DeepSpeedEngine(TrainEngine):
         sums: dict[str, float],
     ) -> torch.Tensor:
         if item is None:  # a stand-in keeping ranks in step: a real pass that moves nothing
-            return self._logits(self._padding_batch()).sum() * 0.0
+            two = torch.arange(2, device=self._device)  # any two tokens
+            return self._logits({"input_ids": two, "position_ids": two}).sum() * 0.0
         mb, weight = item
         loss, stats = _loss_and_stats(loss_fn(self._logits(mb), mb))
         for k, v in stats.items():
@@ -182,11 +182,6 @@ class DeepSpeedEngine(TrainEngine):
 
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
         return forward_logits(self.ds_engine, mb)
-
-    def _padding_batch(self) -> MicroBatch:
-        device = next(self.ds_engine.module.parameters()).device
-        ids = torch.full((2,), self._pad_id, device=device)
-        return {"input_ids": ids, "position_ids": torch.arange(2, device=device)}
 
     def _step(self) -> float | None:
         """One optimizer step; returns this step's gradient norm, before clipping.
@@ -236,8 +231,7 @@ class DeepSpeedEngine(TrainEngine):
         copy = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
         copy.load_state_dict(self.full_state_dict(), strict=False)
         copy.tie_weights()
-        device = next(module.parameters()).device
-        return copy.to(device).eval().requires_grad_(False)
+        return copy.to(self._device).eval().requires_grad_(False)
 
     def save_hf(self, path: Path, tokenizer: Any = None) -> Path:
         """A plain Hugging Face folder that the gateway (or anyone) can load."""
