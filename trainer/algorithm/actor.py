@@ -203,8 +203,7 @@ def zero_spread_share(returns: torch.Tensor, groups: torch.Tensor) -> float:
     """Share of groups whose samples all scored the same: they teach nothing, and when it
     nears 1 the run has stopped learning (every answer right, or every answer wrong)."""
     _, scale = group_baselines(returns, groups, "none")  # scale 0: the group is flat
-    ids = groups.unique()
-    return sum(1 for g in ids if float(scale[groups == g][0]) == 0.0) / max(1, len(ids))
+    return len(groups[scale == 0].unique()) / max(1, len(groups.unique()))
 
 
 # stats of several updates that add up; the others are averaged

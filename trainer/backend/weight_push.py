@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import socket
 import time
 import uuid
@@ -159,12 +160,11 @@ class WeightPush:
         )
         store = host_store(spec)
         spec = dataclasses.replace(spec, port=store.port)
-        calls = []
-        first = 1
-        for url, n in zip(self.urls, ranks, strict=True):
-            body = {"group": spec.to_json(), "first_rank": first}
-            calls.append(self._pool.submit(self._post, url, "/group", body))
-            first += n
+        firsts = itertools.accumulate(ranks[:-1], initial=1)  # rank 0 is this process
+        calls = [
+            self._pool.submit(self._post, u, "/group", {"group": spec.to_json(), "first_rank": f})
+            for u, f in zip(self.urls, firsts, strict=True)
+        ]
         groups: list[Any] = []
         self._run_beside(calls, lambda: groups.append(open_group(spec, 0, device, store)))
         self._group, self._spec, self._device, self._store = groups[0], spec, device, store
