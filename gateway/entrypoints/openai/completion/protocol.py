@@ -5,31 +5,28 @@ from __future__ import annotations
 
 import time
 from itertools import accumulate
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from gateway.entrypoints.openai.protocol import ChoicesRequest
+
+_Text = Annotated[str, Field(min_length=1)]
+_Ids = Annotated[list[int], Field(min_length=1)]
 
 
 class CompletionRequest(ChoicesRequest):
     """`POST /v1/completions`: a prompt as text or token ids (or a list of either)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: (
+        _Text
+        | _Ids
+        | Annotated[list[_Text], Field(min_length=1)]
+        | Annotated[list[_Ids], Field(min_length=1)]
+    )
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_not_empty(cls, prompt: Any) -> Any:
-        if isinstance(prompt, (str, list)) and len(prompt) == 0:
-            raise ValueError("prompt must not be empty")
-        if isinstance(prompt, list) and any(
-            isinstance(p, (str, list)) and len(p) == 0 for p in prompt
-        ):
-            raise ValueError("prompt must not contain an empty prompt")
-        return prompt
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts of a (possibly batched) request, each text or token ids."""

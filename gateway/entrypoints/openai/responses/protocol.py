@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from gateway.chat.events import ToolCall
 from gateway.chat.template_traits import text_of
@@ -24,20 +24,13 @@ _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 
 
 class ResponsesRequest(OpenAIRequest):
-    input: str | list[dict[str, Any]]
+    input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
     instructions: str | None = None
     previous_response_id: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
-
-    @field_validator("input")
-    @classmethod
-    def _input_not_empty(cls, value: str | list[dict[str, Any]]) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("input must not be empty")
-        return value
 
 
 # ---- Responses input -> chat messages ----------------------------------------------------
