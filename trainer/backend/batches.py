@@ -62,23 +62,19 @@ def split_sequences(out: Any) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [{} for _ in range(batch)]
     for key, value in items.items():
         t = as_tensor(value)
-        for i in range(batch):
-            if t is None:
-                if isinstance(value, list) and batch > 1 and len(value) == batch:
-                    rows[i][key] = value[i]
-                else:
-                    rows[i][key] = value
-                continue
-            rows[i][key] = _row(key, t, i, batch, length)
+        one_each = isinstance(value, list) and batch > 1 and len(value) == batch
+        for i, row in enumerate(rows):
+            if t is not None:
+                row[key] = _row(key, t, i, batch, length)
+            else:
+                row[key] = value[i] if one_each else value
 
     for row in rows:
         mask = row.get("attention_mask")
-        if not isinstance(mask, torch.Tensor) or mask.shape != (length,):
+        if not isinstance(mask, torch.Tensor) or mask.shape != (length,) or mask.bool().all():
             continue
         keep = mask.bool()
-        if bool(keep.all()):
-            continue
-        for key, value in list(row.items()):
+        for key, value in row.items():
             if isinstance(value, torch.Tensor) and value.shape == (length,):
                 row[key] = value[keep]
     return rows

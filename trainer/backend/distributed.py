@@ -51,9 +51,8 @@ def shard(items: list[T], sizes: list[int], rank_: int, world: int) -> list[T | 
     loads = [0] * world
     owned: list[list[int]] = [[] for _ in range(world)]
     for i in sorted(range(len(items)), key=lambda i: -sizes[i]):
-        # least-loaded rank among those with the fewest items keeps counts equal
-        fewest = min(len(o) for o in owned)
-        r = min((r for r in range(world) if len(owned[r]) == fewest), key=lambda r: loads[r])
+        # the least-loaded rank among those with the fewest items: counts stay equal
+        r = min(range(world), key=lambda r: (len(owned[r]), loads[r]))
         owned[r].append(i)
         loads[r] += sizes[i]
     count = max(len(o) for o in owned)
