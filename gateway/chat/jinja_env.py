@@ -1,15 +1,9 @@
-"""Chat templates compiled as transformers compiles them, on jinja2's public API only.
-
-transformers renders a chat template in an `ImmutableSandboxedEnvironment` with
-`trim_blocks`, `lstrip_blocks`, `loopcontrols`, `{% generation %}`, a plain-JSON
-`tojson`, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`
-(refusing underscore names). Built here, so that the gateway neither uses transformers'
-private compile function nor imports it; tests/test_jinja_env.py holds each piece, and
-every family's render, to transformers' own.
-
-Speed: the sandbox's verdict on an attribute (half of rendering a long history) depends
-only on (type, name), so it is kept per pair in the `is_safe_attribute` hook, and a pair
-judged safe is read directly in `getattr` (never `format`/`format_map`).
+"""Chat templates compiled as transformers compiles them (its sandboxed environment, options,
+filters and globals: docs/architecture.md), on jinja2's public API only, so that the
+gateway neither uses transformers' private compile function nor imports it
+(tests/test_jinja_env.py holds each piece, and every family's render, to transformers').
+Speed: the sandbox's verdict on an attribute depends only on (type, name), so it is kept
+per pair, and a pair judged safe is read directly (never `format`/`format_map`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """OpenAI messages -> the exact prompt token ids the engine sees, rendered with the
 model's own chat template here, so the ids recorded are the ones generated from.
-
-Incremental prompts: a turn extending a recorded one is the parent's prompt + output
-ids + the encoding of only the text rendered after them, when the render provably
-starts with the parent's text and the parent's output ended in a special token (never
-merged with what follows); else a full encode, counted as a fallback.
-
-Token-exact prompts (`prompt_mode: token_exact`): always the parent's ids + the render of
-only the messages after its answer, even where the template renders that answer
-differently (Qwen3's drops earlier reasoning); found by rendering the answer replaced
-by a marker, else the template's prompt (a fallback, with its reason).
+Incremental prompts (on the parent's ids where its text provably starts the render)
+and `prompt_mode: token_exact`: docs/gateway.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Which chat templates render each message on its own, so that a turn renders only its
-new messages (a 64-turn session's 128 messages cost ~0.25 ms of template a turn
-otherwise: docs/benchmarks.md).
-
-Such a template's text is `A + B(m_0) + ... + B(m_n) + C`, each `B(m_i)` depending only
-on `m_i`, `loop.first`, `messages[0]` and settings fixed within a session, `A` and `C`
-only on `messages[0]` and those settings (SmolLM2's ChatML template is one).
-`message_local` proves it from the syntax tree (each rule below says what it refuses),
-or says why not. Then the whole render starts with the parent's prompt + answer text
-exactly when render(`[m_0] + m_k..m_n`) starts with render(`[m_0]`) + the answer's text,
-and what follows is the same. tests/test_template_window.py checks it against full renders.
+new messages (docs/gateway.md, "Windowed renders"). Such a template's text is
+`A + B(m_0) + ... + B(m_n) + C`, each `B(m_i)` depending only on `m_i`, `loop.first`,
+`messages[0]` and settings fixed within a session, `A` and `C` only on `messages[0]` and
+those settings. `message_local` proves it from the syntax tree (each rule below says
+what it refuses), or says why not; tests/test_template_window.py checks full renders.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The generating routes, dispatched by a pure ASGI middleware before FastAPI's router.
-
-Through the router, every agent turn walked the route list, FastAPI's per-route wrapper
-(exit stack, dependencies, serialisation) and Starlette's exception layer: about a sixth
-of the gateway's CPU per request at one session (docs/benchmarks.md). Those handlers take
-the `Request` and return a `Response`, so an exact `POST` to a route marked `hot` goes
-straight to its endpoint, and its errors to the handlers FastAPI's path uses
-(`EXCEPTION_HANDLERS`): the same statuses and shapes. Added innermost, so the timer, body
-limit and error catcher see these requests as any other; the routes stay declared on
-their routers, so the OpenAPI document and a `GET`'s 405 are FastAPI's.
+"""The generating routes, dispatched by a pure ASGI middleware before FastAPI's router:
+through the router, every agent turn paid about a sixth of the gateway's CPU for route
+matching and per-route wrappers (docs/benchmarks.md). An exact `POST` to a route marked
+`hot` goes straight to its endpoint, its errors to the handlers FastAPI's path uses; the
+routes stay declared on their routers (the OpenAPI document, a `GET`'s 405).
 """
 
 from __future__ import annotations
