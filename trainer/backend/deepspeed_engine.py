@@ -149,7 +149,7 @@ class DeepSpeedEngine(TrainEngine):
         total = sum(weights) or 1.0
         with torch.no_grad():
             return sum(
-                float(_loss_and_stats(loss_fn(self._logits(mb), mb))[0]) * w / total
+                float(_run_loss(loss_fn, self.ds_engine, mb)[0]) * w / total
                 for mb, w in zip(mbs, weights, strict=True)
             )
 
@@ -173,15 +173,12 @@ class DeepSpeedEngine(TrainEngine):
     ) -> torch.Tensor:
         if item is None:  # a stand-in keeping ranks in step: a real pass that moves nothing
             two = torch.arange(2, device=self._device)  # any two tokens
-            return self._logits({"input_ids": two, "position_ids": two}).sum() * 0.0
+            return forward_logits(self.ds_engine, {"input_ids": two, "position_ids": two}).sum() * 0
         mb, weight = item
-        loss, stats = _loss_and_stats(loss_fn(self._logits(mb), mb))
+        loss, stats = _run_loss(loss_fn, self.ds_engine, mb)
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + float(v) * weight / total
         return loss * (weight / total)
-
-    def _logits(self, mb: MicroBatch) -> torch.Tensor:
-        return forward_logits(self.ds_engine, mb)
 
     def _step(self) -> float | None:
         """One optimizer step; returns this step's gradient norm, before clipping.
@@ -261,7 +258,9 @@ class DeepSpeedEngine(TrainEngine):
         return client_state
 
 
-def _loss_and_stats(
-    result: torch.Tensor | tuple[torch.Tensor, dict[str, float]],
+def _run_loss(
+    loss_fn: LossFn, model: torch.nn.Module, mb: MicroBatch
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """`loss_fn` on `model`'s logits for `mb`, as (loss, stats) whether it returned stats."""
+    result = loss_fn(forward_logits(model, mb), mb)
     return result if isinstance(result, tuple) else (result, {})

@@ -8,6 +8,7 @@ never called done.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import socket
@@ -121,10 +122,8 @@ class WeightPush:
         group, self._group = self._group, None
         if group is not None:
             for url in self.urls:
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     self._http.delete(f"{url}/admin/weights/group")
-                except httpx.HTTPError:
-                    pass
             group.shutdown()
         self._store = None
 
@@ -181,11 +180,9 @@ class WeightPush:
             failed = next((f for f in done if f.exception() is not None), None)
             if failed is not None:
                 group, self._group = self._group, None
-                if group is not None:
-                    try:
-                        group.abort()  # unblocks a broadcast waiting for a rank that left
-                    except RuntimeError:
-                        pass  # the broadcast then ends at the group's timeout
+                if group is not None:  # unblocks a broadcast waiting for a rank that left;
+                    with contextlib.suppress(RuntimeError):  # else it ends at the timeout
+                        group.abort()
                 exc = failed.exception()
                 raise WeightPushError(f"weight push failed: {exc}") from exc
 
