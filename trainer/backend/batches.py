@@ -30,11 +30,9 @@ def as_tensor(value: Any) -> torch.Tensor | None:
     """A tensor for numbers / lists of numbers / arrays; None for anything else."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
-    if isinstance(value, (str, bytes, dict)) or value is None:
-        return None
     try:
         return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError):  # str, bytes, dict, None, ...
         return None
 
 
