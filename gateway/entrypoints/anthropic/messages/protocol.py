@@ -124,8 +124,6 @@ def to_chat(
         if system:
             out.append({"role": "system", "content": system})
     for i, message in enumerate(req.messages[start:], start):
-        if not isinstance(message, dict):
-            raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
         role = message.get("role")
         content = message.get("content")
         where = f"messages[{i}]"
@@ -252,9 +250,7 @@ def sent_back(req: CountTokensRequest, start: int = 0) -> tuple[list[str], list[
     blocks = [
         b
         for m in req.messages[start:]
-        if isinstance(m, dict)
-        and m.get("role") == "assistant"
-        and isinstance(m.get("content"), list)
+        if m.get("role") == "assistant" and isinstance(m.get("content"), list)
         for b in m["content"]
         if isinstance(b, dict)
     ]

@@ -52,8 +52,6 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
         messages.append({"role": "system", "content": instructions})
     reasoning: str | None = None  # a reasoning item's text, for the assistant turn it led to
     for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise _bad_input(i, "an input item must be an object")
         kind = item.get("type")
         if kind in (None, "message"):
             role = item.get("role")
