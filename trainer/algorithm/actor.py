@@ -136,16 +136,12 @@ class PPOActor:
 
         def capture(logits: torch.Tensor, mb: Batch) -> torch.Tensor:
             logprobs = next_token_logprobs(logits, mb).detach().cpu()
-            bounds = mb["cu_seqlens"].tolist()
-            offsets = mb["offset"].tolist() if "offset" in mb else [0] * (len(bounds) - 1)
-            for row, a, b, off in zip(
-                mb["row"].tolist(), bounds[:-1], bounds[1:], offsets, strict=True
-            ):
-                out[row, off : off + b - a] = logprobs[a:b]
+            # a packed token's row, and its position there (`position_ids`, kept by packing)
+            out[mb["row"].cpu(), mb["position_ids"].cpu()] = logprobs
             return logprobs.sum() * 0.0
 
         self.engine.eval()
-        rows = torch.arange(batch["input_ids"].shape[0])
+        rows = torch.arange(out.shape[0])[:, None].expand(out.shape)  # per token
         self.engine.eval_batch({**batch, "row": rows}, capture, _trained_tokens)
         return out
 
