@@ -74,8 +74,7 @@ class Prompts:
         that cannot render them (the client's 400)."""
         hashes, link = await self._link(session.id, messages, tools)
         mode = session.prompt_mode or self.prompt_mode
-        shown = None if tool_choice == "none" else tools
-        rendered = self.render(messages, shown, tool_choice, field, link, mode)
+        rendered = self.render(messages, tools, tool_choice, field, link, mode)
         prompt = Prompt(
             rendered.ids, field[0], rendered.text, rendered, conversation=hashes,
             prompt_mode=rendered.prompt_mode if mode != "template" else None,
@@ -101,10 +100,12 @@ class Prompts:
         link: Link | None = None,
         prompt_mode: str = "template",
     ) -> Rendered:
-        """The prompt: with `prompt_mode="token_exact"`, the parent's ids + the new messages
-        (when that can be told, else a counted fallback); otherwise the template's,
-        on the parent's tokens where it provably continues them. A template that
-        cannot render the request is the client's 400 (on `field`: param, code)."""
+        """The prompt (tools offered unless `tool_choice` is "none"): with
+        `prompt_mode="token_exact"`, the parent's ids + the new messages (when that can be
+        told, else a counted fallback); otherwise the template's, on the parent's tokens
+        where it provably continues them. A template that cannot render the request is the
+        client's 400 (on `field`: param, code)."""
+        tools = None if tool_choice == "none" else tools
         try:
             if prompt_mode == "token_exact" and link is not None:
                 rendered = self._token_exact(messages, tools, tool_choice, link)

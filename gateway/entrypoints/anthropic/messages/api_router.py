@@ -52,4 +52,5 @@ async def count_tokens(request: Request) -> dict[str, Any]:
     check_tool_names(body.tools)
     serving: MessagesServing = state.serving(MessagesServing)
     messages, tools, tool_choice = await serving.chat_of(body, caller.session.id)
-    return {"input_tokens": serving.count_tokens(messages, tools, tool_choice)}
+    prompt = serving.prompts.render(messages, tools, tool_choice, serving.FIELD)
+    return {"input_tokens": len(prompt.ids)}

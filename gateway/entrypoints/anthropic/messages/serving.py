@@ -99,11 +99,6 @@ class MessagesServing(ServingEndpoint[MessagesRequest]):
         choice = MessageChoice(start, self._signer(session.id), parser, emit=req.stream)
         return Prepared(req, [turn], stream=req.stream, choice=choice)
 
-    def count_tokens(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any) -> int:
-        """The prompt's length, rendered as a Messages request with them would be."""
-        shown = None if tool_choice == "none" else tools
-        return len(self.prompts.render(messages, shown, tool_choice, self.FIELD).ids)
-
     def _signer(self, session_id: str) -> Callable[[str], str]:
         """What signs this session's thinking blocks."""
         return partial(self.signing.sign, p_.THINKING, session_id)
