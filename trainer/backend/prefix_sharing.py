@@ -93,12 +93,10 @@ def pack_families(
     out["cu_seqlens"] = torch.tensor([*(span[0] for span in spans), cursor])
     offsets = [span[3] for span in spans]
     if any(offsets):
-        mask = torch.zeros((cursor, cursor), dtype=torch.bool)
-        for start, end, owner_start, seen in spans:
-            n = end - start
-            mask[start:end, start:end] = torch.ones((n, n), dtype=torch.bool).tril()
-            if seen:
-                mask[start:end, owner_start : owner_start + seen] = True
+        causal = (torch.ones((e - s, e - s), dtype=torch.bool).tril() for s, e, _, _ in spans)
+        mask = torch.block_diag(*causal)  # each sequence sees itself, causally...
+        for start, end, owner_start, seen in spans:  # ...and the prefix it left out
+            mask[start:end, owner_start : owner_start + seen] = True
         out["prefix_mask"] = mask[None, None]
         out["offset"] = torch.tensor(offsets)
     return out
