@@ -218,8 +218,7 @@ def _assistant(
             arguments = tool_arguments(tid)
             if arguments is None:
                 arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-            fn = {"name": block.get("name"), "arguments": arguments}
-            calls.append({"id": tid, "type": "function", "function": fn})
+            calls.append(ToolCall(tid, block.get("name"), arguments).to_openai())
         elif kind == "thinking":
             text, signature = block.get("thinking"), block.get("signature")
             # another model's (or a client's) thinking is not this one's

@@ -61,11 +61,8 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
             if role == "assistant" and reasoning is not None:
                 messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call":
-            call = {
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
-            }
+            arguments = item.get("arguments") or "{}"
+            call = ToolCall(item.get("call_id"), item.get("name"), arguments).to_openai()
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
