@@ -225,7 +225,7 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
             if session.sampling:
                 turn.force_sampling(session.sampling)
         admitted = self.admission.admit(session, p.turns, p.per_turn)
-        tracked = self.records.track(session.id, retry.body_hash)
+        tracked = Tracked(self.records, session.id, retry.body_hash)
         held = True  # released here, unless a stream's producer takes them over
         try:
             await tracked.publish()  # (the store is down: a 503)

@@ -98,9 +98,6 @@ class Records:
         self.metrics.inc("turnstile_retries_replayed_total")
         return rows
 
-    def track(self, session_id: str, body_hash: str | None) -> Tracked:
-        return Tracked(self, None if body_hash is None else (session_id, body_hash))
-
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run work that must finish even if its client leaves (e.g. a stream's records)."""
         task = asyncio.get_running_loop().create_task(coro)
@@ -113,7 +110,8 @@ class Tracked:
     """An in-flight request a retry can wait for: in this process (a future) and, on a
     shared store, on every replica (a mark in the store, `publish()`)."""
 
-    def __init__(self, records: Records, key: tuple[str, str] | None) -> None:
+    def __init__(self, records: Records, session_id: str, body_hash: str | None) -> None:
+        key = None if body_hash is None else (session_id, body_hash)
         self._records, self._key = records, key
         self.future: asyncio.Future[None] | None = None
         self._mark: str | None = None

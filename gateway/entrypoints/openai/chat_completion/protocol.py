@@ -55,9 +55,6 @@ class ChatCompletionRequest(ChoicesRequest):
                 )
         return messages
 
-    def may_call_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
-
 
 class ChatShapes:
     """Response builders; holds the tokenizer for the token strings of logprobs.

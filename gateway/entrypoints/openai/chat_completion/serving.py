@@ -76,7 +76,8 @@ class ChatCompletionServing(ServingEndpoint[ChatCompletionRequest]):
         return p
 
     def new_choice(self, p: Prepared, turn: Turn, index: int) -> Choice:
-        parser = self.generator.output_parser(turn.prompt.text, p.req.may_call_tools())
+        may_call = bool(p.req.tools) and p.req.tool_choice != "none"
+        parser = self.generator.output_parser(turn.prompt.text, may_call)
         return ChatChoice(index, p, parser)
 
     def finish(self, p: Prepared, turn: Turn, choice: Choice, out: ChoiceOutput) -> Answer:
