@@ -245,10 +245,7 @@ class ServingEndpoint(abc.ABC, Generic[Req]):
         """One request as the engine and the store see it (`ids`: one completion id per
         choice): the step `prepare` ends with."""
         params = self.generator.params(len(prompt.ids), req, sampling, prompt.param)
-        if self.history_field is None:
-            request = req.model_dump(exclude_none=True)
-        else:
-            request = recorded_request(req, self.history_field)
+        request = recorded_request(req, self.history_field)
         return Turn(
             session.id, self.endpoint, req.model, request, prompt, params, sampling.stops or [], ids
         )

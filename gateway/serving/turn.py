@@ -40,12 +40,12 @@ class Link(NamedTuple):
     rank: int
 
 
-def recorded_request(req: BaseModel, shared: str) -> dict[str, Any]:
+def recorded_request(req: BaseModel, shared: str | None) -> dict[str, Any]:
     """`req.model_dump(exclude_none=True)`, the same keys in the same order, with the
-    field `shared` (the history, typed as plain JSON values) the request's own object
-    rather than a copy: a long session's history is held once per turn, not copied."""
-    out = req.model_dump(exclude_none=True, exclude={shared})
-    value = getattr(req, shared)
+    field `shared` (the history, typed as plain JSON values; None: none) the request's
+    own object rather than a copy: a long session's history is held once per turn."""
+    out = req.model_dump(exclude_none=True, exclude={shared} if shared else None)
+    value = getattr(req, shared) if shared else None
     if value is None:
         return out
     ordered: dict[str, Any] = {}
