@@ -125,3 +125,28 @@ def test_a_retry_of_an_echoed_completion_echoes_its_prompts(gateway_factory, new
         texts = {c["index"]: c["text"] for c in retry.json()["choices"]}
         assert texts == {c["index"]: c["text"] for c in first.json()["choices"]}
     assert texts == {0: "Say hi.Hi!", 1: "Say hi.Hi!", 2: "Say bye.Hi!", 3: "Say bye.Hi!"}
+
+
+@pytest.mark.parametrize("path", ["chat/completions", "completions"])
+def test_a_streamed_retry_sends_the_usage_it_was_asked_for(gateway_factory, new_session, path):
+    """`stream_options.include_usage`: the retry's stream ends with the original's usage
+    chunk (the OpenAI SDK reads a stream's token counts from it)."""
+    gw = gateway_factory({"reasoning_parser": "qwen3"})
+    _, key = new_session(gw)
+    gw.engine.script(*[REPLY] * 4)
+    body = {"model": "default", **BODIES[path], "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    url = f"{gw.url}/{path}"
+    with http_client() as http:
+        first = http.post(url, headers=bearer(key), json=body)
+        retry = http.post(url, headers={**bearer(key), "x-stainless-retry-count": "1"}, json=body)
+
+    def usage(text: str) -> Any:
+        frames = [f.removeprefix("data: ") for f in text.split("\n\n") if f]
+        assert frames[-1] == "[DONE]"
+        last = json.loads(frames[-2])
+        assert last["choices"] == []
+        return last["usage"]
+
+    assert usage(first.text)["completion_tokens"] > 0
+    assert usage(retry.text) == usage(first.text)

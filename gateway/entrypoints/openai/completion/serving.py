@@ -151,19 +151,15 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
         return self.echo_frames(p.req, p.context["id"], p)
 
     def stream_end(self, p: Prepared, answers: list[Answer]) -> list[bytes]:
-        req: CompletionRequest = p.req
-        frames = []
-        if (req.stream_options or {}).get("include_usage"):
-            pt = sum(len(t.prompt_ids) for t in p.turns)
-            ct = sum(len(a.out.output_ids) for a in answers)
-            frames.append(sse_event(body(req, p.context["id"], choices=[], usage=usage(pt, ct))))
-        return [*frames, SSE_DONE]
+        prompt_tokens = sum(len(t.prompt_ids) for t in p.turns)
+        completion_tokens = sum(len(a.out.output_ids) for a in answers)
+        return closing(p.req, p.context["id"], prompt_tokens, completion_tokens)
 
     def replay_body(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> Any:
         outs = [recorded_answer(r).out for r in rows]
-        # each prompt's tokens once: its first choice's
-        prompt_tokens = sum(r["prompt_tokens"] for r in rows if r["choice_index"] % req.n == 0)
-        return self._completion(req, rows[0]["id"], outs, self.echoed(req), prompt_tokens)
+        return self._completion(
+            req, rows[0]["id"], outs, self.echoed(req), replayed_prompt(req, rows)
+        )
 
     def replay_frames(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         cid = rows[0]["id"]
@@ -175,7 +171,24 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
             )
             for r in rows
         ]
-        return [*self.echo_frames(req, cid), *frames, SSE_DONE]
+        completion_tokens = sum(len(r["output_ids"]) for r in rows)
+        end = closing(req, cid, replayed_prompt(req, rows), completion_tokens)
+        return [*self.echo_frames(req, cid), *frames, *end]
+
+
+def replayed_prompt(req: CompletionRequest, rows: list[dict[str, Any]]) -> int:
+    """A retried completion's prompt tokens: each prompt's once (its first choice's)."""
+    return sum(r["prompt_tokens"] for r in rows if r["choice_index"] % req.n == 0)
+
+
+def closing(
+    req: CompletionRequest, cid: str, prompt_tokens: int, completion_tokens: int
+) -> list[bytes]:
+    """A stream's last frames: the usage chunk when `stream_options` asks for it, [DONE]."""
+    if not (req.stream_options or {}).get("include_usage"):
+        return [SSE_DONE]
+    tail = body(req, cid, choices=[], usage=usage(prompt_tokens, completion_tokens))
+    return [sse_event(tail), SSE_DONE]
 
 
 def chunk(req: CompletionRequest, cid: str, one: Any) -> bytes:
