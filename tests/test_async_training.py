@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainer_helpers import RandomRewardAgent, make_tiny_model, rows
 
-from trainer.algorithm.losses import decoupled_ppo_loss, ppo_clip_loss
+from trainer.algorithm.losses import PPOClip, decoupled_ppo_loss, ppo_clip_loss
 from trainer.api.config import RolloutConfig
 from trainer.rollout.agent_runner import Episode
 from trainer.rollout.controller import RolloutController
@@ -108,7 +108,7 @@ def test_decoupled_loss_is_ppo_when_rollouts_are_fresh() -> None:
     behav = torch.tensor([-1.1, -1.8, -0.4])
     adv = torch.tensor([1.0, -1.0, 0.5])
     mask = torch.ones(3)
-    ours, _ = decoupled_ppo_loss(logp, behav, behav, adv, mask, 0.2, 5.0)
+    ours, _ = decoupled_ppo_loss(logp, behav, behav, adv, mask, PPOClip(0.2, 5.0))
     ppo, _ = ppo_clip_loss(logp, behav, adv, mask, 0.2)
     assert torch.allclose(ours, ppo)
 
@@ -118,7 +118,7 @@ def test_decoupled_loss_clips_to_the_proximal_policy_and_caps_the_behaviour_weig
     prox = torch.tensor([-1.0, 0.0])  # token 0: the current policy moved far from prox
     behav = torch.tensor([0.0, -10.0])  # token 1: sampled by a much older policy
     adv = torch.tensor([1.0, 1.0])
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, torch.ones(2), 0.2, 5.0)
+    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, torch.ones(2), PPOClip(0.2, 5.0))
     loss.backward()
     # token 0: ratio e^1 clipped at 1.2 -> no gradient; weight e^(-1-0)
     # token 1: ratio 1, weight e^10 capped at 5 -> gradient -5

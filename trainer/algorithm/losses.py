@@ -6,6 +6,8 @@ says what it gets and returns).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from trainer.api.config import TrainConfig
@@ -19,8 +21,8 @@ def grpo(logprobs: torch.Tensor, mb: dict[str, torch.Tensor], cfg: TrainConfig) 
     """The decoupled PPO objective (stale-safe); plain PPO while every token is fresh."""
     behav = mb["logprobs"]
     prox = mb.get("prox_logprobs", behav)
-    clip = cfg.eps_clip, cfg.behav_imp_weight_cap
-    return decoupled_ppo_loss(logprobs, prox, behav, mb["advantages"], mb["loss_mask"], *clip)
+    clip = PPOClip(cfg.eps_clip, cfg.behav_imp_weight_cap)
+    return decoupled_ppo_loss(logprobs, prox, behav, mb["advantages"], mb["loss_mask"], clip)
 
 
 @register_loss("ppo")
@@ -34,6 +36,16 @@ def reinforce(logprobs: torch.Tensor, mb: dict[str, torch.Tensor], cfg: TrainCon
     return reinforce_loss(logprobs, mb["advantages"], mb["loss_mask"])
 
 
+@dataclass(frozen=True, slots=True)
+class PPOClip:
+    """The decoupled objective's two bounds, which always travel together: the PPO clip
+    on the ratio to the proximal policy (`train.eps_clip`) and the cap on the
+    behaviour importance weight (`train.behav_imp_weight_cap`; inf: uncapped)."""
+
+    eps: float = 0.2
+    behav_weight_cap: float = 5.0
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -45,8 +57,9 @@ def ppo_clip_loss(
 
     The decoupled objective with the proximal policy equal to the behaviour policy.
     """
+    clip = PPOClip(eps_clip, float("inf"))
     loss_sum, stats = decoupled_ppo_loss(
-        logprobs, old_logprobs, old_logprobs, advantages, mask, eps_clip, float("inf")
+        logprobs, old_logprobs, old_logprobs, advantages, mask, clip
     )
     return loss_sum, {k: stats[k] for k in ("clip_frac", "ratio_mean", "approx_kl")}
 
@@ -57,26 +70,25 @@ def decoupled_ppo_loss(
     behav_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    eps_clip: float = 0.2,
-    behav_weight_cap: float = 5.0,
+    clip: PPOClip = PPOClip(),
 ) -> LossResult:
     """PPO for off-policy (stale) rollouts: trust region around the proximal policy.
 
     The behaviour policy (the weights that sampled a token, maybe several versions old)
     and the proximal policy (the weights at the start of this step) are kept apart:
-    the ratio pi/pi_prox is clipped as in PPO (`eps_clip`), and the whole term is reweighted
-    by pi_prox/pi_behav, truncated at `behav_weight_cap` (inf: uncapped) so one very stale token cannot
+    the ratio pi/pi_prox is clipped as in PPO, and the whole term is reweighted by
+    pi_prox/pi_behav, truncated at `clip.behav_weight_cap` so one very stale token cannot
     dominate the step. With fresh rollouts pi_prox == pi_behav and this is plain PPO.
     """
     mask = mask.float()
     log_ratio = (logprobs - prox_logprobs) * mask
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip) * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip.eps, 1.0 + clip.eps) * advantages
     surrogate = -torch.minimum(unclipped, clipped)
 
     behav_log_w = ((prox_logprobs - behav_logprobs) * mask).detach()
-    behav_w = torch.exp(behav_log_w).clamp(max=behav_weight_cap)
+    behav_w = torch.exp(behav_log_w).clamp(max=clip.behav_weight_cap)
     loss_sum = (surrogate * behav_w * mask).sum()
 
     with torch.no_grad():
@@ -87,7 +99,7 @@ def decoupled_ppo_loss(
             "approx_kl": float(((ratio - 1 - log_ratio) * mask).sum() / n),
             "behav_weight_mean": float((behav_w * mask).sum() / n),
             "behav_weight_capped_frac": float(
-                ((torch.exp(behav_log_w) > behav_weight_cap).float() * mask).sum() / n
+                ((torch.exp(behav_log_w) > clip.behav_weight_cap).float() * mask).sum() / n
             ),
         }
     return loss_sum, stats
