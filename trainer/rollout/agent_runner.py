@@ -116,8 +116,8 @@ class AgentRunner(EpisodeRunner):
         max_concurrent: int = 64,
     ) -> None:
         """`gateways`: the admin client of one gateway, or of several replicas of one store
-        (inline agents share their HTTP client); each session sticks to one (trainer/rollout/gateways.py), and with
-        several its metadata says which. `placement` (`rollout.agent`): where each run
+        (inline agents share their HTTP client); each session sticks to one
+        (trainer/rollout/gateways.py), and with several its metadata says which. `placement` (`rollout.agent`): where each run
         happens (inline, a process pool, Ray tasks on the `ray_address` cluster) and how
         often an episode whose worker died runs again, each time in a new session."""
         placement = placement or AgentConfig()

@@ -23,6 +23,8 @@ class GatewayRequestError(RuntimeError):
 
 
 class GatewayAdmin:
+    """One gateway's admin calls (sessions, rewards, export) on the trainer's HTTP client."""
+
     def __init__(self, base_url: str, admin_key: str | None, client: httpx.AsyncClient) -> None:
         self.base_url = base_url.rstrip("/")
         self.client = client
