@@ -140,9 +140,8 @@ def open_group(
         if torch.device(device).type != "cuda":
             raise ValueError("the nccl backend needs a CUDA device for each rank")
         torch.cuda.set_device(torch.device(device))
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, spec.world_size, options)
+        # both classes' public (store, rank, size, timeout) constructor
+        return dist.ProcessGroupNCCL(store, rank, spec.world_size, timeout)
     return dist.ProcessGroupGloo(store, rank, spec.world_size, timeout)
 
 
