@@ -71,6 +71,11 @@ def answer_of(path: str, text: str) -> Any:
                     part[key] = part.get(key, "") + delta[key]
             for call in delta.get("tool_calls") or []:
                 part.setdefault("tool_calls", []).append(call)
+            lp = c.get("logprobs") or {}  # chat's per-token entries; completions' two lists
+            tokens = lp.get("content") or list(
+                zip(lp.get("tokens", []), lp.get("token_logprobs", []), strict=True)
+            )
+            part.setdefault("logprobs", []).extend(tokens)
             if c["finish_reason"]:
                 part["finish_reason"] = c["finish_reason"]
     return parts

@@ -163,14 +163,10 @@ class CompletionServing(ServingEndpoint[CompletionRequest]):
 
     def replay_frames(self, req: CompletionRequest, rows: list[dict[str, Any]]) -> list[bytes]:
         cid = rows[0]["id"]
-        frames = [
-            chunk(
-                req,
-                cid,
-                choice(r["choice_index"], r["response"].get("text", ""), r["finish_reason"]),
-            )
-            for r in rows
-        ]
+        frames = []
+        for o in (recorded_answer(r).out for r in rows):  # each choice whole, in one chunk
+            lp = logprobs(self.tokenizer, req, o.output_ids, o.logprobs, o.top_logprobs)
+            frames.append(chunk(req, cid, choice(o.index, o.text, o.finish_reason, lp)))
         completion_tokens = sum(len(r["output_ids"]) for r in rows)
         end = closing(req, cid, replayed_prompt(req, rows), completion_tokens)
         return [*self.echo_frames(req, cid), *frames, *end]
