@@ -22,6 +22,7 @@ from gateway_helpers import old_store
 
 from gateway.store.codec import pack_floats, pack_ints
 from gateway.store.database import (
+    HEAD_REVISION,
     MIGRATIONS,
     SQUASHED,
     database_url,
@@ -62,6 +63,23 @@ def test_migrations_build_the_declared_schema(new_database) -> None:
         assert _schema_drift(engine) == []
     finally:
         engine.dispose()
+
+
+def test_a_store_at_head_opens_without_importing_alembic(new_database) -> None:
+    """The gateway's start-up check reads the stamp itself (Alembic is ~11 MB of its
+    memory); its revision must be the newest migration's, or a store would stay behind."""
+    assert HEAD_REVISION == HEAD
+    url = new_database()
+    open_database(url).dispose()  # migrated here
+    probe = (
+        "import sys; from gateway.store.database import open_database; "
+        f"open_database({str(url)!r}).dispose(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_down_to_nothing_and_up_again(new_database) -> None:

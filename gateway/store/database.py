@@ -6,15 +6,19 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 from gateway import json_codec
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+# the newest migration's revision (tests/test_store_migrations.py holds it to Alembic's):
+# a store already there opens without importing Alembic (~11 MB of the gateway's memory)
+HEAD_REVISION = "0012"
 # any fixed number: the PostgreSQL advisory lock that replicas migrate under
 MIGRATION_LOCK = 7_248_163_001
 # the revisions squashed into 0012_schema.py, which completes a store stopped at one of them
@@ -87,6 +91,8 @@ def head_revision() -> str:
 
 
 def _alembic_config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     return cfg
@@ -100,6 +106,11 @@ def migrate(db: Engine, revision: str = "head") -> None:
     front), the others then find the schema at head. A store at a squashed revision is
     unstamped first, so that the one revision there is runs on it.
     """
+    if revision == "head" and _revision_of(db) == HEAD_REVISION:
+        return
+    from alembic import command
+    from alembic.migration import MigrationContext
+
     cfg = _alembic_config()
     with _ALEMBIC, db.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -110,3 +121,11 @@ def migrate(db: Engine, revision: str = "head") -> None:
         if MigrationContext.configure(conn).get_current_revision() in SQUASHED:
             command.stamp(cfg, "base", purge=True)
         command.upgrade(cfg, revision)
+
+
+def _revision_of(db: Engine) -> str | None:
+    """The store's revision as Alembic stamped it (None: not stamped yet)."""
+    with db.connect() as conn:
+        if not inspect(conn).has_table("alembic_version"):
+            return None
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
