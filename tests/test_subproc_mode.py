@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,24 +185,6 @@ async def test_a_dead_worker_runs_the_episode_again_in_a_new_session(
     assert ep.error is None and ep.reward == 1.0 and ep.retries == 1 and not ep.worker_died
     assert len(sessions) == 2 and all(s["ended_at"] is not None for s in sessions)
     assert [r["tag"] for r in read_reports(tmp_path)] == ["once"]
-
-
-async def test_a_worker_killed_between_runs_does_not_break_the_pool(
-    gateway_factory, pool, tmp_path
-) -> None:
-    """pebble gives up on a pool whose worker dies with no run in flight; the next run
-    gets a fresh one."""
-    gw = gateway_factory()
-    ok = {"messages": QUESTION, "answer": "4", "tag": "ok"}
-    async with httpx.AsyncClient(timeout=60) as http:
-        runner = _runner(gw, _reporting_agent(tmp_path), http, pool)
-        before = await runner.run_episode(ok, group=0)
-        for pid in pool.worker_pids():
-            os.kill(pid, signal.SIGKILL)
-        await asyncio.sleep(0.5)
-        after = await runner.run_episode(ok, group=1)
-    for ep in (before, after):
-        assert ep.error is None and ep.reward == 1.0 and ep.num_completions == 1
 
 
 async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:

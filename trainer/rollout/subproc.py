@@ -6,10 +6,10 @@ worker sets ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` to the session's gateway UR
 with no extra kwargs, as AReaL's subproc mode does, and sends the return value back.
 A synchronous agent building ``openai.OpenAI()`` from the environment works unchanged.
 
-The workers are a pebble ``ProcessPool`` of ``max_workers`` processes, started with
-"spawn" (never fork: the trainer has torch threads and an event loop) at the first call.
-One that dies (``os._exit``, a segfault, the OOM killer) fails only the call it was
-running, and pebble starts a fresh worker. Classes from files loaded by
+Workers are started with "spawn" (never fork: the trainer has torch threads and an event
+loop), lazily, at most ``max_workers`` of them. Each worker is its own process with its
+own pipe, so one that dies (``os._exit``, a segfault, the OOM killer) fails only the call
+it was running; the next call starts a fresh worker. Classes from files loaded by
 ``trainer.loading`` ("path/file.py:Class") live in modules with generated names that a
 fresh interpreter cannot import, so each call also ships those files' paths and the
 worker imports them (``trainer.loading.import_file``: the same names) before unpickling.
@@ -18,21 +18,24 @@ worker imports them (``trainer.loading.import_file``: the same names) before unp
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import atexit
+import concurrent.futures
+import logging
 import multiprocessing
+import multiprocessing.util  # its exit hook (joins children) must run after ours
 import os
 import pickle
 import signal
 import sys
 import threading
 import traceback
-from concurrent.futures import InvalidStateError
-from concurrent.futures.process import BrokenProcessPool
+import weakref
+from multiprocessing.connection import Connection
 from typing import Any
 
-import pebble
-
 from trainer.loading import WorkflowError, import_file
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SubprocAgentError",
@@ -45,12 +48,7 @@ __all__ = [
 # The prefix trainer.loading gives modules it loads from a file path.
 FILE_MODULE_PREFIX = "turnstile_workflow_"
 ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY")
-# a worker that died having finished no run yet (e.g. a script without a __main__ guard,
-# re-run by spawn) says why on its stderr
-NO_RUN_HINT = (
-    "; it had not finished any run yet: its stderr says why (a training "
-    "script must start the trainer under `if __name__ == '__main__':`)"
-)
+CLOSE_GRACE_S = 2.0
 
 
 class SubprocPicklingError(WorkflowError):
@@ -173,16 +171,53 @@ def _run_job(job: bytes) -> bytes:
         return pickle.dumps(("result", _type_name(value), f"{type(exc).__name__}: {exc}"))
 
 
-def _run_in_worker(job: bytes) -> tuple[int, bytes]:
-    """``_run_job``, and which worker ran it (``worker_pids``)."""
-    return os.getpid(), _run_job(job)
+def _worker_main(conn: Connection) -> None:
+    # Ctrl-C in the terminal reaches the whole process group; the trainer shuts us down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            job = conn.recv_bytes()
+        except (EOFError, OSError):  # the trainer closed the pipe or went away
+            return
+        reply = _run_job(job)
+        try:
+            conn.send_bytes(reply)
+        except OSError:
+            return
 
 
 # ---- the trainer side ------------------------------------------------------------------
 
 
+class _Worker:
+    def __init__(self, ctx: Any, name: str) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child,), name=name, daemon=False)
+        self.process.start()
+        child.close()  # so a dead worker reads as EOF here
+        self.calls = 0
+
+    def stop(self, grace_s: float, close_pipe: bool = True) -> None:
+        if close_pipe:  # an idle worker exits on EOF
+            self.conn.close()
+        self.process.join(grace_s)
+        for end in (self.process.terminate, self.process.kill):  # kill: it ignored SIGTERM
+            if self.process.is_alive():
+                end()
+                self.process.join(1.0)
+
+
+_live_pools: weakref.WeakSet[SubprocAgentPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:  # pragma: no cover - exercised at interpreter exit
+    for pool in list(_live_pools):
+        pool.close(grace_s=0.5)
+
+
 class SubprocAgentPool:
-    """``max_workers`` spawned processes running ``agent.run``; see the module doc."""
+    """Up to ``max_workers`` spawned processes running ``agent.run``; see the module doc."""
 
     def __init__(self, max_workers: int = 4) -> None:
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1:
@@ -190,28 +225,24 @@ class SubprocAgentPool:
                 f"rollout.agent.subproc_max_workers must be an integer >= 1, got {max_workers!r}"
             )
         self.max_workers = max_workers
-        self._pool = self._new_pool()  # its workers start with the first call
-        self._lock = threading.Lock()
+        self._ctx = multiprocessing.get_context("spawn")
+        self._cond = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._starting = 0
+        self._spawned = 0
         self._closed = False
-        self._calls: set[pebble.ProcessFuture] = set()
-        self._answered: set[int] = set()  # pids of workers that finished a run
-
-    def _new_pool(self) -> pebble.ProcessPool:
-        # Ctrl-C in the terminal reaches the whole process group; the trainer shuts us down.
-        return pebble.ProcessPool(
-            self.max_workers,
-            context=multiprocessing.get_context("spawn"),
-            initializer=signal.signal,
-            initargs=(signal.SIGINT, signal.SIG_IGN),
-        )
+        _live_pools.add(self)
 
     def worker_pids(self) -> list[int]:
-        """The live workers that have finished a run."""
-        live = {p.pid for p in multiprocessing.active_children()}
-        return sorted(self._answered & live)
+        with self._cond:
+            workers = [*self._idle, *self._busy]
+            return [w.process.pid for w in workers if w.process.pid is not None]
 
     async def run(self, agent: Any, data: Any, *, base_url: str, api_key: str) -> Any:
         """``agent.run(data)`` in a worker, with the session's URL and key in its env."""
+        if self._closed:
+            raise RuntimeError("the subproc agent pool is closed")
         job = pickle.dumps(
             (
                 file_modules(),
@@ -221,43 +252,98 @@ class SubprocAgentPool:
                 api_key,
             )
         )
-        # A cancelled caller cancels the future: pebble drops the call, or ends its worker.
+        cancelled = threading.Event()
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done.set_running_or_notify_cancel()  # the thread answers; a cancelled caller drops it
+
+        def target() -> None:
+            try:
+                done.set_result(self._call(job, cancelled))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        # A daemon thread per call waits on the pipe, so a stuck agent never blocks exit.
+        threading.Thread(target=target, name="subproc-agent-call", daemon=True).start()
         try:
-            pid, reply = await asyncio.wrap_future(self._schedule(job))
-        except (pebble.ProcessExpired, BrokenProcessPool) as exc:
-            raise self._died(exc) from None
-        self._answered.add(pid)
-        return self._unpack(pickle.loads(reply))
+            reply = await asyncio.wrap_future(done)
+        except asyncio.CancelledError:
+            cancelled.set()  # a call still waiting for a worker is dropped
+            raise
+        return self._unpack(reply)
 
-    def _schedule(self, job: bytes) -> pebble.ProcessFuture:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the subproc agent pool is closed")
-            if not self._pool.active:  # pebble gives up on a pool whose worker died between runs
-                self._pool.stop()
-                self._pool.join()
-                self._pool = self._new_pool()
-            future = self._pool.schedule(_run_in_worker, args=[job])
-            self._calls.add(future)
-        future.add_done_callback(self._calls.discard)
-        return future
+    def _call(self, job: bytes, cancelled: threading.Event) -> Any:
+        worker = self._checkout(cancelled)
+        healthy = False
+        try:
+            try:
+                worker.conn.send_bytes(job)
+                reply = worker.conn.recv_bytes()
+            except (EOFError, OSError):
+                worker.process.join(5.0)
+                code = worker.process.exitcode
+                if self._closed:
+                    raise SubprocWorkerDied(
+                        "the subproc agent pool was closed while the agent was running"
+                    ) from None
+                hint = ""
+                if worker.calls == 0:  # e.g. a script without a __main__ guard, re-run by spawn
+                    hint = (
+                        "; it had not finished any run yet: its stderr says why (a training "
+                        "script must start the trainer under `if __name__ == '__main__':`)"
+                    )
+                raise SubprocWorkerDied(
+                    f"the agent's worker process (pid {worker.process.pid}) died while running "
+                    f"the agent (exit code {code}); a fresh worker takes the next run{hint}"
+                ) from None
+            worker.calls += 1
+            healthy = True
+            return pickle.loads(reply)
+        finally:
+            self._checkin(worker, healthy)
 
-    def _died(self, exc: Exception) -> SubprocWorkerDied:
-        if self._closed:
-            return SubprocWorkerDied(
-                "the subproc agent pool was closed while the agent was running"
-            )
-        if isinstance(exc, pebble.ProcessExpired):
-            hint = "" if exc.pid in self._answered else NO_RUN_HINT
-            return SubprocWorkerDied(
-                f"the agent's worker process (pid {exc.pid}) died while running "
-                f"the agent (exit code {exc.exitcode}); a fresh worker takes the next run{hint}"
-            )
-        # pebble breaks the pool when a worker dies while no run is known to be running
-        return SubprocWorkerDied(
-            f"the agent's worker process exited before it could run the agent ({exc}); a "
-            f"fresh pool takes the next run{'' if self._answered else NO_RUN_HINT}"
-        )
+    def _checkout(self, cancelled: threading.Event) -> _Worker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("the subproc agent pool is closed")
+                if cancelled.is_set():
+                    raise asyncio.CancelledError()
+                if self._idle:
+                    worker = self._idle.pop()
+                    self._busy.add(worker)
+                    return worker
+                if len(self._busy) + self._starting < self.max_workers:
+                    self._starting += 1
+                    self._spawned += 1
+                    name = f"turnstile-agent-{self._spawned}"
+                    break
+                self._cond.wait()
+        try:
+            worker = _Worker(self._ctx, name)
+        except BaseException:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._starting -= 1
+            self._busy.add(worker)
+            closed = self._closed
+        if closed:
+            self._checkin(worker, healthy=False)
+            raise RuntimeError("the subproc agent pool is closed")
+        log.debug("started agent worker %s (pid %s)", name, worker.process.pid)
+        return worker
+
+    def _checkin(self, worker: _Worker, healthy: bool) -> None:
+        with self._cond:
+            self._busy.discard(worker)
+            keep = healthy and not self._closed and worker.process.is_alive()
+            if keep:
+                self._idle.append(worker)
+            self._cond.notify()
+        if not keep:
+            worker.stop(grace_s=0.0 if not healthy else CLOSE_GRACE_S)
 
     @staticmethod
     def _unpack(reply: tuple[Any, ...]) -> Any:
@@ -296,17 +382,22 @@ class SubprocAgentPool:
         exc.add_note(f"Worker traceback:\n{tb}")
         raise exc
 
-    def close(self) -> None:
-        """Stop every worker, busy ones too (their calls fail). Idempotent."""
-        with self._lock:
+    def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop every worker (idle ones at once; busy ones are terminated). Idempotent."""
+        with self._cond:
             if self._closed:
                 return
             self._closed = True
-        self._pool.stop()
-        self._pool.join()
-        for future in list(self._calls):  # pebble may leave the calls it was running pending
-            with contextlib.suppress(InvalidStateError):  # answered or cancelled meanwhile
-                future.set_exception(BrokenProcessPool("the pool was closed"))
+            idle, busy = list(self._idle), list(self._busy)
+            self._idle.clear()
+            self._cond.notify_all()
+        _live_pools.discard(self)
+        # A busy worker's pipe belongs to the thread waiting on it: end the process and
+        # that thread sees EOF (and closes the pipe). An idle one exits when its pipe closes.
+        for worker in busy:
+            worker.process.terminate()
+        for worker in [*idle, *busy]:
+            worker.stop(grace_s, close_pipe=worker in idle)
 
     def __enter__(self) -> SubprocAgentPool:
         return self
