@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,25 @@ async def test_a_dead_worker_runs_the_episode_again_in_a_new_session(
     assert ep.error is None and ep.reward == 1.0 and ep.retries == 1 and not ep.worker_died
     assert len(sessions) == 2 and all(s["ended_at"] is not None for s in sessions)
     assert [r["tag"] for r in read_reports(tmp_path)] == ["once"]
+
+
+async def test_a_worker_killed_between_runs_fails_no_later_run(
+    gateway_factory, pool, tmp_path
+) -> None:
+    """An idle worker that dies (the OOM killer, a `kill`) is replaced: the next run works."""
+    gw = gateway_factory()
+    ok = {"messages": QUESTION, "answer": "4", "tag": "ok"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        runner = _runner(gw, _reporting_agent(tmp_path), http, pool)
+        before = await runner.run_episode(ok, group=0)
+        pids = pool.worker_pids()
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        after = await runner.run_episode(ok, group=1)
+    for ep in (before, after):
+        assert ep.error is None and ep.reward == 1.0 and ep.num_completions == 1
 
 
 async def test_close_stops_the_workers(gateway_factory, tmp_path) -> None:

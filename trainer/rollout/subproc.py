@@ -308,10 +308,12 @@ class SubprocAgentPool:
                     raise RuntimeError("the subproc agent pool is closed")
                 if cancelled.is_set():
                     raise asyncio.CancelledError()
-                if self._idle:
+                while self._idle:
                     worker = self._idle.pop()
-                    self._busy.add(worker)
-                    return worker
+                    if worker.process.is_alive():
+                        self._busy.add(worker)
+                        return worker
+                    worker.stop(grace_s=0.0)  # it died idle (the OOM killer, a kill)
                 if len(self._busy) + self._starting < self.max_workers:
                     self._starting += 1
                     self._spawned += 1
