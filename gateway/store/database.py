@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 
+from gateway import json_codec
+
 if TYPE_CHECKING:
     from alembic.config import Config
-
-from gateway import json_codec
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 # the newest migration's revision (tests/test_store_migrations.py holds it to Alembic's):
