@@ -43,7 +43,8 @@ class EvalResult:
         return (
             f"accuracy {self.accuracy:.3f} [{lo:.3f}, {hi:.3f}]  "
             f"mean reward {self.reward_mean:.3f} [{rlo:.3f}, {rhi:.3f}]  "
-            f"(n={self.n}, greedy, {self.seconds:.0f} s)"
+            f"(n={self.n}, greedy, {self.seconds:.0f} s"
+            + (f"; {self.errors} failed, counted as wrong)" if self.errors else ")")
         )
 
 

@@ -84,6 +84,16 @@ def rewards_from_return(value: Any, completions: list[dict[str, Any]]) -> dict[s
     return {last["id"]: _finite(value, "reward")}
 
 
+def described(exc: BaseException) -> str:
+    """`Type: message`, and the exception it came from: an SDK's "Connection error." says
+    nothing without the transport's own error under it."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None and str(cause) not in text:
+        text += f" (from {type(cause).__name__}: {cause})"
+    return text
+
+
 def _finite(value: Any, what: str) -> float:
     number = finite_reward(value)
     if number is None:
@@ -184,7 +194,7 @@ class AgentRunner(EpisodeRunner):
                     http_client=admin.client,
                 )
         except Exception as exc:  # the agent's bug must not kill training
-            ep.error = f"{type(exc).__name__}: {exc}"
+            ep.error = described(exc)
             ep.worker_died = isinstance(exc, SubprocWorkerDied)
             log.warning("agent run failed in session %s: %s", session_id, ep.error)
             await self._end_quietly(admin, session_id)
