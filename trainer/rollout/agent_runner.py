@@ -127,9 +127,10 @@ class AgentRunner(EpisodeRunner):
     ) -> None:
         """`gateways`: the admin client of one gateway, or of several replicas of one store
         (inline agents share their HTTP client); each session sticks to one
-        (trainer/rollout/gateways.py), and with several its metadata says which. `placement` (`rollout.agent`): where each run
-        happens (inline, a process pool, Ray tasks on the `ray_address` cluster) and how
-        often an episode whose worker died runs again, each time in a new session."""
+        (trainer/rollout/gateways.py), and with several its metadata says which.
+        `placement` (`rollout.agent`): where each run happens (inline, a process pool, Ray
+        tasks on the `ray_address` cluster) and how often an episode whose worker died runs
+        again, each time in a new session."""
         placement = placement or AgentConfig()
         mode = placement.mode
         if mode not in ("inline", "subproc", "ray"):
